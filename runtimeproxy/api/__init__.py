@@ -1,0 +1,1 @@
+"""CRI API protobuf definitions and their generated Python modules."""

@@ -1,0 +1,752 @@
+"""One client connection relayed onto one backend connection, frame by frame.
+
+Design (see README, "Data path"): every client connection gets its own backend
+connection, and the bytes of both are forwarded unchanged, so the two peers negotiate
+settings, flow control and the HPACK tables directly with each other. The relay parses
+only frame headers, decodes header blocks (to learn each call's method and status and to
+follow the HPACK state), and steps in for just four things:
+
+* calls an interceptor claims: the request DATA is held, passed to the interceptor and
+  sent on as changed; the response is copied for ``after``;
+* a message over the size limit: the call is ended with RESOURCE_EXHAUSTED;
+* flow-control credit for bytes it dropped or rewrote, so neither peer's window leaks;
+* connection ends and graceful shutdown (GOAWAY).
+
+Frames the relay writes itself use only HPACK literals without indexing (never touching
+the shared tables). A header block is always forwarded, even for a call the relay ended,
+because the receiver must decode it to keep its table in step.
+
+Known limit: when an interceptor makes a request larger by k bytes, the client believes
+for a moment that the backend's connection window is k bytes larger than it is. A client
+that fills the whole window at that instant could overrun it. CRI traffic from kubelet is
+small requests, so this is documented rather than solved with extra buffering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import hpack
+import structlog
+
+from runtimeproxy.relay import frames, grpc_wire
+from runtimeproxy.relay.grpc_wire import status_frame
+from runtimeproxy.relay.interceptor import CallContext, CallInterceptor, CallOutcome, RejectCall
+from runtimeproxy.relay.methods import MethodInfo, MethodTable
+from runtimeproxy.relay.streams import Stream
+
+log = structlog.get_logger("runtimeproxy.relay")
+
+CallObserver = Callable[[MethodInfo, int, str, float], None]
+MAX_HEADER_LIST = 1 << 20
+_RST_CODES = {frames.REFUSED_STREAM: grpc_wire.UNAVAILABLE, frames.CANCEL: grpc_wire.CANCELLED}
+
+
+class Backends:
+    """Where calls go: the runtime backend, and the image backend when it is a different one.
+
+    With two backends, each client connection is routed by the service of its first call
+    (kubelet keeps separate connections for the runtime and image services); a call on
+    a connection routed to the other backend is refused with a status that says why.
+    """
+
+    IMAGE_SERVICE = "runtime.v1.ImageService"
+
+    def __init__(self, runtime: str, image: str | None = None) -> None:
+        self.runtime = runtime
+        self.image = image or runtime
+
+    @property
+    def split(self) -> bool:
+        return self.image != self.runtime
+
+    def for_service(self, service: str) -> str:
+        return self.image if service == self.IMAGE_SERVICE else self.runtime
+
+
+class RelayOptions:
+    """What every relayed connection shares."""
+
+    def __init__(
+        self,
+        backends: Backends,
+        methods: MethodTable,
+        interceptor: CallInterceptor,
+        observer: CallObserver,
+        max_message_size: int,
+    ) -> None:
+        self.backends = backends
+        self.methods = methods
+        self.interceptor = interceptor
+        self.observer = observer
+        self.max_message_size = max_message_size
+        self._claims: dict[str, bool] = {}
+
+    def intercepts(self, method: MethodInfo) -> bool:
+        claimed = self._claims.get(method.path)
+        if claimed is None:
+            claimed = method.unary and self.interceptor.intercepts(method)
+            self._claims[method.path] = claimed
+        return claimed
+
+
+class _Direction:
+    """Parse state of one direction of the pair and the writer towards its receiver."""
+
+    __slots__ = (
+        "block",
+        "block_flags",
+        "block_stream",
+        "decoder",
+        "feeding",
+        "pending",
+        "queue",
+        "transport",
+    )
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.pending = b""
+        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        # Header block being collected across HEADERS and CONTINUATION frames.
+        self.block: list[bytes] | None = None
+        self.block_stream = 0
+        self.block_flags = 0
+        # Frames of the relay's own, held while a header block is open in this direction
+        # or while its bytes are being read (they go out after the frame being handled).
+        self.queue: list[bytes] = []
+        self.feeding = False
+
+    def write(self, data: bytes | memoryview) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def inject(self, data: bytes) -> None:
+        """Write a frame of the relay's own, in order with the frames already relayed."""
+        if self.block is not None or self.feeding:
+            self.queue.append(data)
+        else:
+            self.write(data)
+
+    def flush_queue(self) -> None:
+        if self.queue and self.block is None:
+            queued, self.queue = self.queue, []
+            self.write(b"".join(queued))
+
+
+class _Side(asyncio.Protocol):
+    """asyncio protocol for one socket; it hands everything to the connection."""
+
+    def __init__(self, conn: RelayConnection, is_client: bool) -> None:
+        self.conn = conn
+        self.is_client = is_client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.conn.side_made(self.is_client, transport)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        if self.is_client:
+            self.conn.client_data(data)
+        else:
+            self.conn.upstream_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.side_lost(self.is_client, exc)
+
+    def pause_writing(self) -> None:
+        self.conn.pause_reading(from_client=not self.is_client)
+
+    def resume_writing(self) -> None:
+        self.conn.resume_reading(from_client=not self.is_client)
+
+
+class RelayConnection:
+    """The pair of connections for one client, and every call on it."""
+
+    def __init__(self, options: RelayOptions, on_closed: Callable[[RelayConnection], None]) -> None:
+        self.options = options
+        self.upstream_path = options.backends.runtime
+        self.on_closed = on_closed
+        self.c2u = _Direction()  # client -> upstream; written to the upstream socket
+        self.u2c = _Direction()  # upstream -> client; written to the client socket
+        self.client_transport: asyncio.Transport | None = None
+        self.upstream_transport: asyncio.Transport | None = None
+        self.streams: dict[int, Stream] = {}
+        self.ended_by_relay: set[int] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.preface_left = len(frames.PREFACE)
+        # Client bytes that came before the backend connection was settled.
+        self.early: list[bytes] | None = []
+        self.degraded: _BackendDown | None = None
+        self.last_client_stream = 0
+        self.closing = False
+        self.route_service_is_image = False
+        # Flow control towards the backend, for sending changed requests.
+        self.up_conn_window = frames.DEFAULT_WINDOW
+        self.up_initial_window = frames.DEFAULT_WINDOW
+        self.up_max_frame = frames.DEFAULT_MAX_FRAME
+        self.client_credit = 0  # connection credit owed to the client, sent once per read
+        self.upstream_credit = 0  # likewise, owed to the backend
+        self.client_credit_debt = 0  # backend credit for bytes the relay added itself
+
+    # -- protocol factory and socket events -------------------------------------------------
+
+    def client_protocol(self) -> asyncio.Protocol:
+        return _Side(self, is_client=True)
+
+    def side_made(self, is_client: bool, transport: asyncio.Transport) -> None:
+        if is_client:
+            self.client_transport = self.u2c.transport = transport
+            if not self.options.backends.split:
+                self._keep(asyncio.get_running_loop().create_task(self._connect_upstream()))
+        else:
+            self.upstream_transport = self.c2u.transport = transport
+
+    async def _connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.create_unix_connection(lambda: _Side(self, is_client=False), self.upstream_path)
+        except OSError as exc:
+            reason = f"runtime backend unix://{self.upstream_path} unavailable: {exc.strerror or exc}"
+            log.warning("backend unreachable", backend=self.upstream_path, error=str(exc))
+            self.degraded = _BackendDown(self, reason)
+        if self.closing and self.upstream_transport is not None:
+            self.upstream_transport.close()  # the client left while we were connecting
+            return
+        early, self.early = self.early or [], None
+        for chunk in early:
+            self.client_data(chunk)
+
+    def side_lost(self, is_client: bool, exc: Exception | None) -> None:
+        other = self.upstream_transport if is_client else self.client_transport
+        if not is_client and not self.closing and self.client_transport is not None:
+            # Tell the client this connection is done, so it reconnects instead of waiting.
+            self.u2c.queue.clear()
+            self.u2c.block = None
+            self.client_transport.write(frames.goaway(self.last_client_stream))
+        self.closing = True
+        code = grpc_wire.CANCELLED if is_client else grpc_wire.UNAVAILABLE
+        for stream in list(self.streams.values()):
+            self._finish(stream, code, "connection closed")
+        for task in list(self.tasks):
+            task.cancel()
+        if other is not None:
+            other.close()
+        if is_client:
+            self.on_closed(self)
+
+    def pause_reading(self, from_client: bool) -> None:
+        transport = self.client_transport if from_client else self.upstream_transport
+        if transport is not None:
+            transport.pause_reading()
+
+    def resume_reading(self, from_client: bool) -> None:
+        transport = self.client_transport if from_client else self.upstream_transport
+        if transport is not None:
+            transport.resume_reading()
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def start_drain(self) -> None:
+        """Ask the client to open no more calls (RFC 9113 section 6.8, graceful shutdown)."""
+        self.u2c.inject(frames.goaway(frames.MAX_STREAM_ID))
+
+    def close(self) -> None:
+        if self.client_transport is not None and not self.client_transport.is_closing():
+            self.u2c.inject(frames.goaway(self.last_client_stream))
+            self.client_transport.close()
+        if self.upstream_transport is not None:
+            self.upstream_transport.close()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def client_data(self, data: bytes) -> None:
+        if self.early is not None:
+            self.early.append(data)
+            if self.options.backends.split and self.upstream_path is self.options.backends.runtime:
+                self._route_by_first_call()
+            return
+        if self.degraded is not None:
+            self.degraded.feed(data)
+            return
+        if self.preface_left:
+            data = self._pass_preface(data)
+        self._feed(self.c2u, data, self._client_frame)
+        self._flush_credit()
+
+    def upstream_data(self, data: bytes) -> None:
+        self._feed(self.u2c, data, self._upstream_frame)
+        self._flush_credit()
+
+    def _route_by_first_call(self) -> None:
+        assert self.early is not None
+        path = first_call_path(b"".join(self.early))
+        if path is None:
+            return
+        service = self.options.methods.lookup(path).service
+        # A new str object even when equal, so that routing is decided only once.
+        self.upstream_path = "".join(self.options.backends.for_service(service))
+        self.route_service_is_image = service == Backends.IMAGE_SERVICE
+        self._keep(asyncio.get_running_loop().create_task(self._connect_upstream()))
+
+    def _pass_preface(self, data: bytes) -> bytes:
+        take = min(self.preface_left, len(data))
+        self.c2u.write(data[:take])
+        self.preface_left -= take
+        return data[take:]
+
+    @staticmethod
+    def _feed(
+        d: _Direction,
+        data: bytes,
+        handle: Callable[[int, int, int, bytes, int, int], bytes | None],
+    ) -> None:
+        """Split ``data`` into frames; forward runs of unchanged frames in one write each."""
+        if d.pending:
+            data = d.pending + data
+            d.pending = b""
+        size = len(data)
+        pos = run_start = 0
+        unpack = frames.FRAME_HEADER.unpack_from
+        d.feeding = True
+        while size - pos >= frames.HEADER_LEN:
+            high, low, ftype, flags, stream_id = unpack(data, pos)
+            end = pos + frames.HEADER_LEN + ((high << 8) | low)
+            if end > size:
+                break
+            replacement = handle(ftype, flags, stream_id & frames.MAX_STREAM_ID, data, pos + frames.HEADER_LEN, end)
+            if replacement is not None or (d.queue and d.block is None):
+                # Out of the fast path: write what came before, this frame's bytes, then
+                # whatever the relay queued while handling it.
+                if pos > run_start:
+                    d.write(data[run_start:pos])
+                d.write(data[pos:end] if replacement is None else replacement)
+                d.feeding = False
+                d.flush_queue()
+                d.feeding = True
+                run_start = end
+            pos = end
+        d.feeding = False
+        if pos > run_start:
+            d.write(data if run_start == 0 and pos == size else data[run_start:pos])
+        d.flush_queue()
+        if pos < size:
+            d.pending = data[pos:]
+
+    # -- client -> backend -----------------------------------------------------------------
+
+    def _client_frame(self, ftype: int, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        if ftype == frames.DATA:
+            return self._client_data_frame(flags, sid, data, start, end)
+        if ftype == frames.HEADERS or ftype == frames.CONTINUATION:
+            return self._header_fragment(self.c2u, ftype, flags, sid, data, start, end, self._client_headers)
+        if ftype == frames.RST_STREAM:
+            return self._client_reset(sid)
+        if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
+            table = frames.parse_settings(data[start:end]).get(frames.SETTINGS_HEADER_TABLE_SIZE)
+            if table is not None:
+                self.u2c.decoder.max_allowed_table_size = table
+        elif ftype == frames.WINDOW_UPDATE and sid in self.ended_by_relay:
+            return b""
+        return None
+
+    def _client_data_frame(self, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        length = end - start
+        stream = self.streams.get(sid)
+        if stream is None:
+            if sid in self.ended_by_relay:
+                self.client_credit += length
+                return b""
+            self.up_conn_window -= length
+            return None
+        if stream.held_request is not None:
+            return self._hold_request(stream, flags, data, start, end)
+        lo, hi = frames.data_payload_length(flags, data[start:end])
+        too_big = stream.request_sizer.feed(data, start + lo, start + hi)
+        if too_big is not None:
+            self.client_credit += length
+            self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
+            return b""
+        if flags & frames.FLAG_END_STREAM:
+            stream.client_done = True
+        self.up_conn_window -= length
+        return None
+
+    def _client_headers(self, sid: int, flags: int, headers: list[tuple[str, str]]) -> None:
+        stream = self.streams.get(sid)
+        if stream is None and sid > self.last_client_stream:
+            stream = self._open_stream(sid, headers)
+        if stream is not None and flags & frames.FLAG_END_STREAM:
+            stream.client_done = True
+            # A request that ends with its headers has no message to hand to the hooks.
+            stream.held_request = None
+
+    def _open_stream(self, sid: int, headers: list[tuple[str, str]]) -> Stream:
+        self.last_client_stream = sid
+        path = timeout = ""
+        for name, value in headers:
+            if name == ":path":
+                path = value
+            elif name == "grpc-timeout":
+                timeout = value
+        method = self.options.methods.lookup(path)
+        call = None
+        if self.options.intercepts(method):
+            seconds = grpc_wire.parse_timeout(timeout) if timeout else None
+            deadline = None if seconds is None else asyncio.get_running_loop().time() + seconds
+            metadata = [(k, v) for k, v in headers if not k.startswith(":")]
+            call = CallContext(method=method, metadata=metadata, deadline=deadline)
+        stream = Stream(sid, method, time.perf_counter(), self.options.max_message_size, call)
+        stream.up_window = self.up_initial_window
+        self.streams[sid] = stream
+        if self.options.backends.split and self._misrouted(method):
+            self._end_by_relay(stream, grpc_wire.UNIMPLEMENTED, self._misroute_reason(method))
+        return stream
+
+    def _misrouted(self, method: MethodInfo) -> bool:
+        return (method.service == Backends.IMAGE_SERVICE) != self.route_service_is_image
+
+    def _misroute_reason(self, method: MethodInfo) -> str:
+        backend = self.options.backends.for_service(method.service)
+        return (
+            f"{method.path} goes to unix://{backend}, but this connection is routed to "
+            f"unix://{self.upstream_path}; with a separate image endpoint, use separate "
+            "connections for the runtime and image services"
+        )
+
+    def _client_reset(self, sid: int) -> bytes | None:
+        stream = self.streams.get(sid)
+        if stream is not None:
+            if stream.before_task is not None:
+                stream.before_task.cancel()
+            self._finish(stream, grpc_wire.CANCELLED, "cancelled by the client")
+        return b"" if sid in self.ended_by_relay else None
+
+    # -- intercepted requests --------------------------------------------------------------
+
+    def _hold_request(self, stream: Stream, flags: int, data: bytes, start: int, end: int) -> bytes:
+        assert stream.held_request is not None
+        length = end - start
+        lo, hi = frames.data_payload_length(flags, data[start:end])
+        too_big = stream.request_sizer.feed(data, start + lo, start + hi)
+        self.client_credit += length
+        if too_big is not None:
+            self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
+            return b""
+        stream.held_request += data[start + lo : start + hi]
+        if flags & frames.FLAG_END_STREAM:
+            stream.client_done = True
+            self._start_before(stream)
+        elif length:
+            # The client may still be waiting for stream credit to send the rest.
+            self.u2c.inject(frames.window_update(stream.id, length))
+        return b""
+
+    def _start_before(self, stream: Stream) -> None:
+        task = asyncio.get_running_loop().create_task(self._run_before(stream))
+        stream.before_task = task
+        self._keep(task)
+
+    async def _run_before(self, stream: Stream) -> None:
+        assert stream.held_request is not None and stream.call is not None
+        received = bytes(stream.held_request)
+        messages = grpc_wire.split_messages(received)
+        if messages is None or len(messages) != 1 or messages[0].compressed:
+            log.warning("request not interceptable; relayed unchanged", method=stream.method.path)
+            self._send_request(stream, received)
+            return
+        request = messages[0].body
+        try:
+            request = await self.options.interceptor.before(stream.call, request)
+        except RejectCall as reject:
+            if stream.id in self.streams:
+                self._end_by_relay(stream, reject.code, reject.message)
+            return
+        except Exception:
+            # A bug in the hook layer must not stop the node's pods: relay the call unchanged.
+            log.exception("interceptor failed; call relayed unchanged", method=stream.method.path)
+        if stream.id in self.streams:
+            stream.request = request
+            self._send_request(stream, grpc_wire.encode_message(request))
+
+    def _send_request(self, stream: Stream, body: bytes) -> None:
+        stream.pending_out = frames.data_frames(stream.id, body, self.up_max_frame, end_stream=True)
+        self.client_credit_debt += len(body)
+        self._send_pending(stream)
+
+    def _send_pending(self, stream: Stream) -> None:
+        while stream.pending_out:
+            chunk = stream.pending_out[0]
+            length = len(chunk) - frames.HEADER_LEN
+            if length > min(self.up_conn_window, stream.up_window):
+                return  # resumed by the backend's next WINDOW_UPDATE
+            stream.pending_out.pop(0)
+            self.up_conn_window -= length
+            stream.up_window -= length
+            self.c2u.inject(chunk)
+
+    # -- backend -> client -----------------------------------------------------------------
+
+    def _upstream_frame(self, ftype: int, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        if ftype == frames.DATA:
+            return self._upstream_data_frame(flags, sid, data, start, end)
+        if ftype == frames.HEADERS or ftype == frames.CONTINUATION:
+            return self._header_fragment(self.u2c, ftype, flags, sid, data, start, end, self._upstream_headers)
+        if ftype == frames.WINDOW_UPDATE:
+            return self._upstream_window_update(sid, data, start)
+        if ftype == frames.RST_STREAM:
+            stream = self.streams.get(sid)
+            if stream is not None:
+                code = _RST_CODES.get(int.from_bytes(data[start:end], "big"), grpc_wire.INTERNAL)
+                self._finish(stream, code, "reset by the runtime")
+            return b"" if sid in self.ended_by_relay else None
+        if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
+            self._upstream_settings(frames.parse_settings(data[start:end]))
+        return None
+
+    def _upstream_data_frame(self, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        stream = self.streams.get(sid)
+        if stream is None:
+            if sid in self.ended_by_relay:
+                self.upstream_credit += end - start
+                return b""
+            return None
+        lo, hi = frames.data_payload_length(flags, data[start:end])
+        too_big = stream.response_sizer.feed(data, start + lo, start + hi)
+        if too_big is not None:
+            self.upstream_credit += end - start
+            trailers_only = not stream.response_headers_seen
+            message = _too_large("response", too_big, stream)
+            self._end_stream(stream, grpc_wire.RESOURCE_EXHAUSTED, message, to_client=False)
+            return status_frame(sid, grpc_wire.RESOURCE_EXHAUSTED, message, trailers_only)
+        if stream.response_body is not None:
+            stream.response_body += data[start + lo : start + hi]
+        return None
+
+    def _upstream_headers(self, sid: int, flags: int, headers: list[tuple[str, str]]) -> None:
+        stream = self.streams.get(sid)
+        if stream is None:
+            return
+        if not flags & frames.FLAG_END_STREAM:
+            stream.response_headers_seen = True
+            return
+        code, message = grpc_wire.UNKNOWN, ""
+        for name, value in headers:
+            if name == "grpc-status":
+                code = int(value) if value.isdigit() else grpc_wire.UNKNOWN
+            elif name == "grpc-message":
+                message = grpc_wire.decode_grpc_message(value)
+        self._finish(stream, code, message)
+        if stream.call is not None:
+            self._start_after(stream, code, message)
+
+    def _upstream_window_update(self, sid: int, data: bytes, start: int) -> bytes | None:
+        increment = int.from_bytes(data[start : start + 4], "big") & frames.MAX_WINDOW_INCREMENT
+        if sid == 0:
+            self.up_conn_window += increment
+            self._resume_pending_sends()
+            if self.client_credit_debt:
+                absorbed = min(self.client_credit_debt, increment)
+                self.client_credit_debt -= absorbed
+                increment -= absorbed
+                return frames.window_update(0, increment)  # b"" when all absorbed
+            return None
+        if sid in self.ended_by_relay:
+            return b""
+        stream = self.streams.get(sid)
+        if stream is not None and stream.intercepted:
+            stream.up_window += increment
+            self._send_pending(stream)
+        return None
+
+    def _upstream_settings(self, values: dict[int, int]) -> None:
+        window = values.get(frames.SETTINGS_INITIAL_WINDOW_SIZE)
+        if window is not None:
+            delta = window - self.up_initial_window
+            self.up_initial_window = window
+            for stream in self.streams.values():
+                stream.up_window += delta
+        self.up_max_frame = values.get(frames.SETTINGS_MAX_FRAME_SIZE, self.up_max_frame)
+        table = values.get(frames.SETTINGS_HEADER_TABLE_SIZE)
+        if table is not None:
+            self.c2u.decoder.max_allowed_table_size = table
+
+    def _resume_pending_sends(self) -> None:
+        for stream in self.streams.values():
+            if stream.pending_out:
+                self._send_pending(stream)
+
+    def _start_after(self, stream: Stream, code: int, message: str) -> None:
+        assert stream.call is not None
+        response = None
+        if stream.response_body:
+            messages = grpc_wire.split_messages(bytes(stream.response_body))
+            if messages and not messages[0].compressed:
+                response = messages[0].body
+        outcome = CallOutcome(code=code, message=message, response=response)
+        coro = self.options.interceptor.after(stream.call, stream.request, outcome)
+        self._keep(asyncio.get_running_loop().create_task(_guarded(coro, stream.method.path)))
+
+    # -- header blocks -----------------------------------------------------------------------
+
+    def _header_fragment(
+        self,
+        d: _Direction,
+        ftype: int,
+        flags: int,
+        sid: int,
+        data: bytes,
+        start: int,
+        end: int,
+        on_block: Callable[[int, int, list[tuple[str, str]]], None],
+    ) -> bytes | None:
+        """Collect a header block; decode it once complete. The frames are always forwarded."""
+        payload = data[start:end]
+        if ftype == frames.HEADERS:
+            fragment = frames.header_block_fragment(flags, payload)
+            if flags & frames.FLAG_END_HEADERS:
+                on_block(sid, flags, self._decode(d, bytes(fragment)))
+                return None
+            d.block, d.block_stream, d.block_flags = [bytes(fragment)], sid, flags
+            return None
+        if d.block is None:
+            return None  # a stray CONTINUATION: the receiver will reject it
+        d.block.append(bytes(payload))
+        if not flags & frames.FLAG_END_HEADERS:
+            return None
+        block, d.block = b"".join(d.block), None
+        on_block(d.block_stream, d.block_flags, self._decode(d, block))
+        return None
+
+    def _decode(self, d: _Direction, block: bytes) -> list[tuple[str, str]]:
+        try:
+            return list(d.decoder.decode(block))
+        except hpack.HPACKError as exc:
+            # The peers' own decoders will fail on this too; the connection cannot go on.
+            log.error("undecodable header block; closing connection", error=str(exc))
+            asyncio.get_running_loop().call_soon(self.close)
+            return []
+
+    # -- ending calls ----------------------------------------------------------------------
+
+    def _end_by_relay(self, stream: Stream, code: int, message: str) -> None:
+        """End a call the backend is still working on: error to the client, reset upstream."""
+        trailers_only = not stream.response_headers_seen
+        self._end_stream(stream, code, message, to_client=False)
+        self.u2c.inject(status_frame(stream.id, code, message, trailers_only))
+
+    def _end_stream(self, stream: Stream, code: int, message: str, to_client: bool) -> None:
+        if stream.before_task is not None:
+            stream.before_task.cancel()
+        self.ended_by_relay.add(stream.id)
+        if len(self.ended_by_relay) > 4096:
+            self.ended_by_relay = {sid for sid in self.ended_by_relay if sid > stream.id - 100_000}
+        self.c2u.inject(frames.rst_stream(stream.id, frames.CANCEL))
+        self._finish(stream, code, message)
+
+    def _finish(self, stream: Stream, code: int, message: str) -> None:
+        if self.streams.pop(stream.id, None) is None:
+            return
+        self.options.observer(stream.method, code, message, time.perf_counter() - stream.started)
+
+    def _flush_credit(self) -> None:
+        if self.client_credit:
+            self.u2c.inject(frames.window_update(0, self.client_credit))
+            self.client_credit = 0
+        if self.upstream_credit:
+            self.c2u.inject(frames.window_update(0, self.upstream_credit))
+            self.upstream_credit = 0
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    @property
+    def active_calls(self) -> int:
+        return len(self.streams)
+
+
+def first_call_path(data: bytes) -> str | None:
+    """The :path of the first call in the opening bytes of a client connection, if complete."""
+    pos = len(frames.PREFACE)
+    block = b""
+    while len(data) - pos >= frames.HEADER_LEN:
+        high, low, ftype, flags, _sid = frames.FRAME_HEADER.unpack_from(data, pos)
+        end = pos + frames.HEADER_LEN + ((high << 8) | low)
+        if end > len(data):
+            return None
+        payload = data[pos + frames.HEADER_LEN : end]
+        if ftype == frames.HEADERS:
+            block = bytes(frames.header_block_fragment(flags, payload))
+        elif ftype == frames.CONTINUATION:
+            block += payload
+        if ftype in (frames.HEADERS, frames.CONTINUATION) and flags & frames.FLAG_END_HEADERS:
+            # A fresh decoder is right here: this is the connection's first header block.
+            headers = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST).decode(block)
+            return next((v for k, v in headers if k == ":path"), "")
+        pos = end
+    return None
+
+
+def _too_large(what: str, size: int, stream: Stream) -> str:
+    return f"{what} message of {size} bytes for {stream.method.path} is over the proxy's limit of {stream.request_sizer.limit}"
+
+
+async def _guarded(coro: Any, method: str) -> None:
+    try:
+        await coro
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("interceptor after-call failed", method=method)
+
+
+class _BackendDown:
+    """Answers a client's calls with UNAVAILABLE while the backend cannot be reached.
+
+    It speaks just enough HTTP/2 to end each call with a status that names the cause, then
+    closes with GOAWAY so the client's next call reconnects (and the relay tries the backend
+    again) at once.
+    """
+
+    def __init__(self, conn: RelayConnection, reason: str) -> None:
+        self.conn = conn
+        self.reason = reason
+        self.preface_left = len(frames.PREFACE)
+        self.pending = b""
+        conn.u2c.write(frames.settings())
+
+    def feed(self, data: bytes) -> None:
+        take = min(self.preface_left, len(data))
+        self.preface_left -= take
+        data = self.pending + data[take:]
+        answered = 0
+        pos = 0
+        while len(data) - pos >= frames.HEADER_LEN:
+            high, low, ftype, flags, sid = frames.FRAME_HEADER.unpack_from(data, pos)
+            end = pos + frames.HEADER_LEN + ((high << 8) | low)
+            if end > len(data):
+                break
+            answered += self._frame(ftype, flags, sid & frames.MAX_STREAM_ID, data[pos + frames.HEADER_LEN : end])
+            pos = end
+        self.pending = data[pos:]
+        if answered:
+            self.conn.u2c.write(frames.goaway(self.conn.last_client_stream))
+            self.conn.closing = True
+            if self.conn.client_transport is not None:
+                self.conn.client_transport.close()
+
+    def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> int:
+        out = self.conn.u2c
+        if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
+            out.write(frames.settings_ack())
+        elif ftype == frames.PING and not flags & frames.FLAG_ACK:
+            out.write(frames.frame(frames.PING, frames.FLAG_ACK, 0, payload))
+        elif ftype == frames.HEADERS and sid > self.conn.last_client_stream:
+            self.conn.last_client_stream = sid
+            out.write(status_frame(sid, grpc_wire.UNAVAILABLE, self.reason, trailers_only=True))
+            return 1
+        return 0

@@ -1,0 +1,128 @@
+"""gRPC over HTTP/2 details the relay needs: status codes, timeouts, message framing.
+
+See the gRPC "PROTOCOL-HTTP2" specification: every message is a 1-byte compressed flag and
+a 4-byte big-endian length, then the message; the status travels in trailers.
+"""
+
+from __future__ import annotations
+
+import struct
+import urllib.parse
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+
+from runtimeproxy.relay import frames
+from runtimeproxy.relay.hpack_literal import encode_literal_block
+
+MESSAGE_PREFIX: Final = struct.Struct(">BL")
+PREFIX_LEN: Final = 5
+
+CODE_NAMES: Final[dict[int, str]] = {code.value[0]: code.name for code in grpc.StatusCode}
+OK: Final = 0
+CANCELLED: Final = 1
+UNKNOWN: Final = 2
+DEADLINE_EXCEEDED: Final = 4
+RESOURCE_EXHAUSTED: Final = 8
+UNIMPLEMENTED: Final = 12
+INTERNAL: Final = 13
+UNAVAILABLE: Final = 14
+
+_TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+# Characters gRPC allows unescaped in grpc-message: printable ASCII except '%'.
+_MESSAGE_SAFE: Final = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def code_name(code: int) -> str:
+    return CODE_NAMES.get(code, str(code))
+
+
+def parse_timeout(value: str) -> float | None:
+    """Seconds from a grpc-timeout header value ("119999m"), or None when malformed."""
+    if len(value) < 2 or value[-1] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
+        return None
+    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+
+
+def encode_message(message: bytes, compressed: bool = False) -> bytes:
+    return MESSAGE_PREFIX.pack(1 if compressed else 0, len(message)) + message
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    compressed: bool
+    body: bytes
+
+
+def split_messages(payload: bytes) -> list[Message] | None:
+    """All length-prefixed messages in ``payload``; None when it does not frame exactly."""
+    messages: list[Message] = []
+    offset = 0
+    while offset < len(payload):
+        if len(payload) - offset < PREFIX_LEN:
+            return None
+        flag, length = MESSAGE_PREFIX.unpack_from(payload, offset)
+        end = offset + PREFIX_LEN + length
+        if end > len(payload):
+            return None
+        messages.append(Message(bool(flag), payload[offset + PREFIX_LEN : end]))
+        offset = end
+    return messages
+
+
+class MessageSizer:
+    """Follows message boundaries through a stream's DATA and flags a message over the limit.
+
+    Only the 5-byte prefixes are looked at, so checking the limit costs a few integer
+    operations per DATA frame whatever the message size.
+    """
+
+    __slots__ = ("_body_left", "_prefix", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._body_left = 0
+        self._prefix = b""
+
+    def feed(self, data: bytes | memoryview, start: int, end: int) -> int | None:
+        """Account for ``data[start:end]``; return the length of a message over the limit."""
+        pos = start
+        while pos < end:
+            if self._body_left:
+                step = min(self._body_left, end - pos)
+                self._body_left -= step
+                pos += step
+                continue
+            need = PREFIX_LEN - len(self._prefix)
+            self._prefix += bytes(data[pos : pos + need])
+            pos += min(need, end - pos)
+            if len(self._prefix) < PREFIX_LEN:
+                return None
+            length = int.from_bytes(self._prefix[1:], "big")
+            self._prefix = b""
+            if length > self.limit:
+                return length
+            self._body_left = length
+        return None
+
+
+def status_headers(code: int, message: str, trailers_only: bool) -> list[tuple[str, str]]:
+    """Header fields that end a call with ``code``; a trailers-only response carries more."""
+    fields = [("grpc-status", str(code))]
+    if message:
+        fields.append(("grpc-message", urllib.parse.quote(message, safe=_MESSAGE_SAFE)))
+    if trailers_only:
+        fields = [(":status", "200"), ("content-type", "application/grpc"), *fields]
+    return fields
+
+
+def status_frame(stream_id: int, code: int, message: str, trailers_only: bool) -> bytes:
+    """A HEADERS frame with END_STREAM that ends the call, safe to inject into any connection."""
+    block = encode_literal_block(status_headers(code, message, trailers_only))
+    flags = frames.FLAG_END_STREAM | frames.FLAG_END_HEADERS
+    return frames.frame(frames.HEADERS, flags, stream_id, block)
+
+
+def decode_grpc_message(value: str) -> str:
+    return urllib.parse.unquote(value)

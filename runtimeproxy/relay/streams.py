@@ -1,0 +1,57 @@
+"""Per-call state the relay keeps while a gRPC call (one HTTP/2 stream) is open."""
+
+from __future__ import annotations
+
+import asyncio
+
+from runtimeproxy.relay.grpc_wire import MessageSizer
+from runtimeproxy.relay.interceptor import CallContext
+from runtimeproxy.relay.methods import MethodInfo
+
+
+class Stream:
+    """One relayed call. Calls an interceptor claims also hold their request and response."""
+
+    __slots__ = (
+        "before_task",
+        "call",
+        "client_done",
+        "held_request",
+        "id",
+        "intercepted",
+        "method",
+        "pending_out",
+        "request",
+        "request_sizer",
+        "response_body",
+        "response_headers_seen",
+        "response_sizer",
+        "started",
+        "up_window",
+    )
+
+    def __init__(
+        self,
+        stream_id: int,
+        method: MethodInfo,
+        started: float,
+        max_message: int,
+        call: CallContext | None,
+    ) -> None:
+        self.id = stream_id
+        self.method = method
+        self.started = started
+        self.call = call
+        self.intercepted = call is not None
+        self.request_sizer = MessageSizer(max_message)
+        self.response_sizer = MessageSizer(max_message)
+        self.response_headers_seen = False
+        self.client_done = False
+        # Intercepted calls only: the request as received, then as sent on.
+        self.held_request = bytearray() if call is not None else None
+        self.request = b""
+        self.response_body = bytearray() if call is not None else None
+        self.before_task: asyncio.Task[None] | None = None
+        # DATA frames of a changed request still waiting for backend flow-control credit.
+        self.pending_out: list[bytes] = []
+        self.up_window = 0

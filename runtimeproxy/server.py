@@ -1,0 +1,128 @@
+"""The proxy daemon: listens on its unix socket and relays every connection to the runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import structlog
+
+from runtimeproxy.listener import UnixListener, open_unix_listener
+from runtimeproxy.metrics import CallMetrics, code_name
+from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions
+from runtimeproxy.relay.interceptor import CallInterceptor, PassThrough
+from runtimeproxy.relay.methods import MethodInfo, MethodTable, is_lifecycle
+
+log = structlog.get_logger("runtimeproxy.server")
+
+DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    endpoint: str  # socket path the proxy serves
+    runtime_backend: str  # socket path of the runtime (containerd)
+    image_backend: str | None = None  # socket path of the image service, if elsewhere
+    max_message_size: int = DEFAULT_MAX_MESSAGE
+    drain_grace: float = 10.0
+    socket_mode: int = 0o660
+    socket_dir_mode: int = 0o750
+    socket_group: str | None = None
+
+
+class CallLog:
+    """Logs and counts every finished call: lifecycle calls at info, the rest at debug."""
+
+    def __init__(self, metrics: CallMetrics | None) -> None:
+        self.metrics = metrics
+
+    def __call__(self, method: MethodInfo, code: int, message: str, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.record(method.path, code, seconds)
+        if is_lifecycle(method):
+            log.info(
+                "cri call",
+                method=method.name,
+                code=code_name(code),
+                duration_ms=round(seconds * 1000, 3),
+                **({"error": message} if code else {}),
+            )
+        else:
+            log.debug(
+                "cri call", method=method.path, code=code_name(code), duration_ms=round(seconds * 1000, 3)
+            )
+
+
+class ProxyServer:
+    """Accepts client connections and pairs each with a backend connection."""
+
+    def __init__(
+        self,
+        settings: ProxySettings,
+        interceptor: CallInterceptor | None = None,
+        metrics: CallMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.options = RelayOptions(
+            backends=Backends(settings.runtime_backend, settings.image_backend),
+            methods=MethodTable(),
+            interceptor=interceptor or PassThrough(),
+            observer=CallLog(metrics),
+            max_message_size=settings.max_message_size,
+        )
+        self.connections: set[RelayConnection] = set()
+        self._listener: UnixListener | None = None
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        """Bind the socket (refusing if another instance serves it) and start accepting."""
+        s = self.settings
+        self._listener = open_unix_listener(s.endpoint, s.socket_mode, s.socket_dir_mode, s.socket_group)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(self._accept, sock=self._listener.sock)
+        log.info(
+            "serving",
+            endpoint=s.endpoint,
+            runtime_backend=s.runtime_backend,
+            image_backend=s.image_backend or s.runtime_backend,
+        )
+
+    def _accept(self) -> object:
+        conn = RelayConnection(self.options, self._closed)
+        self.connections.add(conn)
+        if self.metrics is not None:
+            self.metrics.client_connections.inc()
+        return conn.client_protocol()
+
+    def _closed(self, conn: RelayConnection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            if self.metrics is not None:
+                self.metrics.client_connections.dec()
+
+    @property
+    def active_calls(self) -> int:
+        return sum(conn.active_calls for conn in self.connections)
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Stop accepting, let calls in flight finish (up to ``grace`` seconds), then close."""
+        grace = self.settings.drain_grace if grace is None else grace
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.start_drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self.active_calls and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        left = self.active_calls
+        for conn in list(self.connections):
+            conn.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        if self._listener is not None:
+            self._listener.close()
+        log.info("stopped", calls_cut_off=left)
