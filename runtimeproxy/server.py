@@ -75,6 +75,11 @@ class ProxyServer:
         self.connections: set[RelayConnection] = set()
         self._listener: UnixListener | None = None
         self._server: asyncio.AbstractServer | None = None
+        if metrics is not None:
+            # Read at scrape time, so the relay's hot path does no gauge bookkeeping.
+            metrics.in_flight.set_function(lambda: self.active_calls)
+            metrics.client_connections.set_function(lambda: len(self.connections))
+            metrics.backend_connections.set_function(self._backend_connections)
 
     async def start(self) -> None:
         """Bind the socket (refusing if another instance serves it) and start accepting."""
@@ -89,18 +94,13 @@ class ProxyServer:
             image_backend=s.image_backend or s.runtime_backend,
         )
 
-    def _accept(self) -> object:
-        conn = RelayConnection(self.options, self._closed)
+    def _accept(self) -> asyncio.Protocol:
+        conn = RelayConnection(self.options, self.connections.discard)
         self.connections.add(conn)
-        if self.metrics is not None:
-            self.metrics.client_connections.inc()
         return conn.client_protocol()
 
-    def _closed(self, conn: RelayConnection) -> None:
-        if conn in self.connections:
-            self.connections.discard(conn)
-            if self.metrics is not None:
-                self.metrics.client_connections.dec()
+    def _backend_connections(self) -> int:
+        return sum(1 for conn in self.connections if conn.upstream_transport is not None)
 
     @property
     def active_calls(self) -> int:

@@ -623,7 +623,7 @@ class RelayConnection:
 
     def _decode(self, d: _Direction, block: bytes) -> list[tuple[str, str]]:
         try:
-            return list(d.decoder.decode(block))
+            return _text_headers(d.decoder.decode(block))
         except hpack.HPACKError as exc:
             # The peers' own decoders will fail on this too; the connection cannot go on.
             log.error("undecodable header block; closing connection", error=str(exc))
@@ -669,6 +669,11 @@ class RelayConnection:
         return len(self.streams)
 
 
+def _text_headers(headers: Any) -> list[tuple[str, str]]:
+    # hpack decodes to str by default; its type hints also allow bytes.
+    return [(str(name), str(value)) for name, value in headers]
+
+
 def first_call_path(data: bytes) -> str | None:
     """The :path of the first call in the opening bytes of a client connection, if complete."""
     pos = len(frames.PREFACE)
@@ -685,14 +690,15 @@ def first_call_path(data: bytes) -> str | None:
             block += payload
         if ftype in (frames.HEADERS, frames.CONTINUATION) and flags & frames.FLAG_END_HEADERS:
             # A fresh decoder is right here: this is the connection's first header block.
-            headers = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST).decode(block)
+            headers = _text_headers(hpack.Decoder(max_header_list_size=MAX_HEADER_LIST).decode(block))
             return next((v for k, v in headers if k == ":path"), "")
         pos = end
     return None
 
 
 def _too_large(what: str, size: int, stream: Stream) -> str:
-    return f"{what} message of {size} bytes for {stream.method.path} is over the proxy's limit of {stream.request_sizer.limit}"
+    limit = stream.request_sizer.limit
+    return f"{what} message of {size} bytes for {stream.method.path} is over the proxy's limit of {limit}"
 
 
 async def _guarded(coro: Any, method: str) -> None:

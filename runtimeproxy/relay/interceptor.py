@@ -31,7 +31,7 @@ class CallOutcome:
     response: bytes | None
 
 
-class RejectCall(Exception):  # noqa: N818 - it is a verdict, raised on purpose
+class RejectCall(Exception):
     """Raised by ``before`` to end the call with a gRPC status instead of relaying it."""
 
     def __init__(self, code: int, message: str) -> None:

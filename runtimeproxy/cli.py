@@ -1,0 +1,201 @@
+"""``runtime-proxy``: the command line of the CRI proxy daemon and its tools."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+
+import click
+import structlog
+import uvloop
+
+from runtimeproxy import __version__
+from runtimeproxy.endpoints import EndpointError, socket_path
+from runtimeproxy.listener import AlreadyServing
+from runtimeproxy.logs import configure_logging
+from runtimeproxy.metrics import CallMetrics, start_metrics_server
+from runtimeproxy.sdnotify import Watchdog, notify
+from runtimeproxy.server import DEFAULT_MAX_MESSAGE, ProxyServer, ProxySettings
+
+log = structlog.get_logger("runtimeproxy.cli")
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?)?B?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
+MIN_MESSAGE_SIZE = 4 * 1024 * 1024
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "16777216", "16Mi", "16MiB" or "16M"."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size (examples: 16777216, 16Mi, 32MiB)")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+
+
+def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _endpoint_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return socket_path(value)
+    except EndpointError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="runtime-proxy")
+def cli() -> None:
+    """A CRI proxy for Kubernetes nodes.
+
+    It sits between kubelet and the container runtime, relays every CRI call unchanged,
+    and calls runtime-hook servers around pod and container lifecycle calls.
+    Every option can also be set through an environment variable, shown in each help.
+    """
+
+
+# Each option of serve reads RUNTIME_PROXY_<OPTION>, e.g. RUNTIME_PROXY_ENDPOINT.
+@cli.command(context_settings={"auto_envvar_prefix": "RUNTIME_PROXY"})
+@click.option(
+    "--endpoint",
+    callback=_endpoint_option,
+    default="/var/run/runtimeproxy/runtimeproxy.sock",
+    show_default=True,
+    show_envvar=True,
+    help="Unix socket the proxy serves; point kubelet's --container-runtime-endpoint here.",
+)
+@click.option(
+    "--remote-runtime-endpoint",
+    callback=_endpoint_option,
+    default="unix:///run/containerd/containerd.sock",
+    show_default=True,
+    show_envvar=True,
+    help="The container runtime's CRI socket.",
+)
+@click.option(
+    "--remote-image-endpoint",
+    callback=_endpoint_option,
+    default=None,
+    show_envvar=True,
+    help="The image service's CRI socket, when it is not the runtime's.  [default: the runtime endpoint]",
+)
+@click.option(
+    "--hook-config-dir",
+    type=click.Path(file_okay=False),
+    default="/etc/runtime/hookserver.d",
+    show_default=True,
+    show_envvar=True,
+    help="Directory of hook server registration files.",
+)
+@click.option(
+    "--metrics-address",
+    default="",
+    show_envvar=True,
+    help="host:port for Prometheus metrics at /metrics (\":9316\" listens on all addresses). Off when empty.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    show_envvar=True,
+    help="debug also logs every relayed call that is not a lifecycle call.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["json", "console"], case_sensitive=False),
+    default="json",
+    show_default=True,
+    show_envvar=True,
+    help="json: one JSON object a line with a journald priority prefix; console: for people.",
+)
+@click.option(
+    "--socket-group",
+    default=None,
+    show_envvar=True,
+    help="Group (name or gid) owning the socket; members may call the proxy.  [default: root's]",
+)
+@click.option(
+    "--max-message-size",
+    callback=_size_option,
+    default=str(DEFAULT_MAX_MESSAGE),
+    show_default="16Mi",
+    show_envvar=True,
+    help="Largest request or response message relayed; larger ones end with RESOURCE_EXHAUSTED.",
+)
+@click.option(
+    "--drain-grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds that calls in flight get to finish on SIGTERM.",
+)
+def serve(
+    endpoint: str,
+    remote_runtime_endpoint: str,
+    remote_image_endpoint: str | None,
+    hook_config_dir: str,
+    metrics_address: str,
+    log_level: str,
+    log_format: str,
+    socket_group: str | None,
+    max_message_size: int,
+    drain_grace: float,
+) -> None:
+    """Serve the CRI on ENDPOINT and relay it to the runtime."""
+    if max_message_size < MIN_MESSAGE_SIZE:
+        raise click.BadParameter(f"must be at least {MIN_MESSAGE_SIZE} bytes", param_hint="--max-message-size")
+    configure_logging(log_level.lower(), log_format.lower())
+    settings = ProxySettings(
+        endpoint=endpoint,
+        runtime_backend=remote_runtime_endpoint,
+        image_backend=remote_image_endpoint,
+        max_message_size=max_message_size,
+        drain_grace=drain_grace,
+        socket_group=socket_group,
+    )
+    try:
+        code = uvloop.run(_serve(settings, metrics_address, hook_config_dir))
+    except AlreadyServing as exc:
+        log.error("refusing to start", reason=str(exc))
+        click.echo(f"runtime-proxy: {exc}", err=True)
+        sys.exit(1)
+    sys.exit(code)
+
+
+async def _serve(settings: ProxySettings, metrics_address: str, hook_config_dir: str) -> int:
+    metrics = CallMetrics()
+    metrics_server = start_metrics_server(metrics_address) if metrics_address else None
+    server = ProxyServer(settings, metrics=metrics)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    watchdog = Watchdog()
+    watchdog.start()
+    notify("READY=1\nSTATUS=relaying CRI calls")
+    log.info("ready", metrics_address=metrics_server.address if metrics_server else None)
+    await stop.wait()
+    notify("STOPPING=1")
+    log.info("draining", grace_seconds=settings.drain_grace, calls_in_flight=server.active_calls)
+    await server.shutdown()
+    watchdog.stop()
+    if metrics_server is not None:
+        metrics_server.close()
+    return 0
+
+
+def main() -> None:
+    from runtimeproxy.play.command import play_command
+
+    cli.add_command(play_command)
+    cli()

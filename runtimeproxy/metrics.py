@@ -1,0 +1,222 @@
+"""Prometheus metrics for relayed CRI calls and the HTTP endpoint that serves them."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import socketserver
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+__all__ = [
+    "DURATION_BUCKETS",
+    "CallMetrics",
+    "MetricsServer",
+    "code_name",
+    "format_address",
+    "parse_address",
+    "start_metrics_server",
+]
+
+# 0.1 ms (a cached List call through the proxy) .. 2 min (kubelet's default CRI deadline).
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+
+# gRPC status codes by number (fixed by the gRPC spec); names match grpc.StatusCode.
+_CODE_NAMES: tuple[str, ...] = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+)  # fmt: skip
+
+
+def code_name(code: int) -> str:
+    """gRPC code name for a status number; unknown numbers become their decimal string."""
+    if 0 <= code < len(_CODE_NAMES):
+        return _CODE_NAMES[code]
+    return str(code)
+
+
+class CallMetrics:
+    """The proxy's call metrics, registered in ``registry`` (default: the global one).
+
+    Registering twice in one registry raises ValueError (duplicated timeseries), so build
+    one instance per registry. ``method`` labels should come from a bounded set (the CRI
+    method names), not from arbitrary client input.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = REGISTRY if registry is None else registry
+        self.calls = Counter(
+            "runtimeproxy_cri_calls",
+            "CRI calls relayed, by method and gRPC status code name.",
+            ["method", "code"],
+            registry=reg,
+        )
+        self.duration = Histogram(
+            "runtimeproxy_cri_call_duration_seconds",
+            "Time from receiving a CRI call to sending its status, by method.",
+            ["method"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            "runtimeproxy_cri_calls_in_flight", "CRI calls currently being relayed.", registry=reg
+        )
+        self.connections = Gauge(
+            "runtimeproxy_connections",
+            "Open connections: side=client (from kubelet and others) or backend (to the runtime).",
+            ["side"],
+            registry=reg,
+        )
+        self.client_connections = self.connections.labels(side="client")
+        self.backend_connections = self.connections.labels(side="backend")
+        # labels() hashes and locks on every call; caching the children makes record() two
+        # dict lookups plus the increments.
+        self._count_children: dict[tuple[str, int], Any] = {}
+        self._duration_children: dict[str, Any] = {}
+
+    def record(self, method: str, code: int, seconds: float) -> None:
+        """Count one finished call and observe its duration."""
+        counter = self._count_children.get((method, code))
+        if counter is None:
+            counter = self.calls.labels(method=method, code=code_name(code))
+            self._count_children[(method, code)] = counter
+        counter.inc()
+        hist = self._duration_children.get(method)
+        if hist is None:
+            hist = self.duration.labels(method=method)
+            self._duration_children[method] = hist
+        hist.observe(seconds)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Parse ``host:port``, ``[v6]:port`` or ``:port`` into ``(host, port)``.
+
+    ``:port`` gives host ``""``, meaning every interface (as in Go's net.Listen); the
+    server binds it dual-stack. Port 0 asks the kernel for a free port.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"metrics address {address!r}: expected host:port, [ipv6]:port or :port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        _check_ipv6(address, host)
+    elif ":" in host:
+        raise ValueError(f"metrics address {address!r}: IPv6 addresses must be in brackets")
+    elif "[" in host or "]" in host:
+        raise ValueError(f"metrics address {address!r}: unbalanced brackets")
+    return host, _parse_port(address, port_text)
+
+
+def _check_ipv6(address: str, host: str) -> None:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        raise ValueError(f"metrics address {address!r}: {host!r} is not an IPv6 address") from None
+
+
+def _parse_port(address: str, text: str) -> int:
+    # isdecimal + ascii: int() would also accept "+1", " 1", "1_0" and non-ASCII digits.
+    if not (text.isascii() and text.isdecimal()):
+        raise ValueError(f"metrics address {address!r}: port {text!r} is not a number")
+    port = int(text)
+    if port > 65535:
+        raise ValueError(f"metrics address {address!r}: port {port} is out of range 0-65535")
+    return port
+
+
+def format_address(host: str, port: int) -> str:
+    """Inverse of parse_address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would flood stderr; stay silent."""
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, family: socket.AddressFamily, dual: bool) -> None:
+        # TCPServer.__init__ creates the socket from address_family, so set it first.
+        self.address_family = family
+        self.dual_stack = dual
+        super().__init__((host, port), _QuietHandler)
+
+    def server_bind(self) -> None:
+        if self.dual_stack:  # accept IPv4 too, whatever net.ipv6.bindv6only says
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        # HTTPServer.server_bind would call socket.getfqdn(), a reverse-DNS lookup that can
+        # stall daemon start-up for seconds on a node with broken DNS.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
+
+
+@dataclass
+class MetricsServer:
+    """A running metrics endpoint; ``host``/``port`` are what was actually bound."""
+
+    host: str
+    port: int
+    _httpd: _Server = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    @property
+    def address(self) -> str:
+        return format_address(self.host, self.port)
+
+    def close(self) -> None:
+        """Stop serving, close the socket and wait briefly for the thread."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def _family_of(host: str) -> socket.AddressFamily:
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return infos[0][0]
+
+
+def _make_server(host: str, port: int, app: Any) -> _Server:
+    dual = host == ""
+    if dual:
+        host = "::"
+    server = _Server(host, port, _family_of(host), dual)
+    server.set_app(app)
+    return server
+
+
+def _bind(host: str, port: int, app: Any) -> _Server:
+    try:
+        return _make_server(host, port, app)
+    except OSError as exc:
+        # ":port" on a host with IPv6 disabled: fall back to IPv4 only.
+        if host == "" and exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+            return _make_server("0.0.0.0", port, app)
+        raise
+
+
+def start_metrics_server(address: str, registry: CollectorRegistry | None = None) -> MetricsServer:
+    """Serve ``registry`` (default: global) at ``http://address/metrics`` from a daemon thread.
+
+    Raises ValueError for a malformed address and OSError if it cannot be bound.
+    """
+    host, port = parse_address(address)
+    app = make_wsgi_app(REGISTRY if registry is None else registry)
+    httpd = _bind(host, port, app)
+    bound_host, bound_port = httpd.server_address[:2]
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return MetricsServer(str(bound_host), int(bound_port), httpd, thread)

@@ -1,0 +1,233 @@
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from runtimeproxy.metrics import (
+    DURATION_BUCKETS,
+    CallMetrics,
+    MetricsServer,
+    code_name,
+    format_address,
+    parse_address,
+    start_metrics_server,
+)
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = generate_latest(registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def key(name: str, **labels: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    return name, frozenset(labels.items())
+
+
+def test_record_counts_and_observes(registry: CollectorRegistry) -> None:
+    m = CallMetrics(registry)
+    m.record("RunPodSandbox", 0, 0.2)
+    m.record("RunPodSandbox", 0, 0.3)
+    m.record("RunPodSandbox", 14, 1.5)
+    m.record("Version", 0, 0.0004)
+    got = samples(registry)
+    calls = "runtimeproxy_cri_calls_total"
+    assert got[key(calls, method="RunPodSandbox", code="OK")] == 2
+    assert got[key(calls, method="RunPodSandbox", code="UNAVAILABLE")] == 1
+    assert got[key(calls, method="Version", code="OK")] == 1
+    hist = "runtimeproxy_cri_call_duration_seconds"
+    assert got[key(hist + "_count", method="RunPodSandbox")] == 3
+    assert got[key(hist + "_sum", method="RunPodSandbox")] == pytest.approx(2.0)
+    assert got[key(hist + "_bucket", method="Version", le="0.0005")] == 1
+    assert got[key(hist + "_bucket", method="Version", le="0.00025")] == 0
+
+
+def test_unknown_code_becomes_number(registry: CollectorRegistry) -> None:
+    m = CallMetrics(registry)
+    m.record("Version", 42, 0.001)
+    assert samples(registry)[key("runtimeproxy_cri_calls_total", method="Version", code="42")] == 1
+
+
+def test_code_names() -> None:
+    assert code_name(0) == "OK"
+    assert code_name(4) == "DEADLINE_EXCEEDED"
+    assert code_name(12) == "UNIMPLEMENTED"
+    assert code_name(16) == "UNAUTHENTICATED"
+    assert code_name(17) == "17"
+    assert code_name(-1) == "-1"
+
+
+def test_code_names_match_grpc() -> None:
+    grpc = pytest.importorskip("grpc")
+    for status in grpc.StatusCode:
+        assert code_name(status.value[0]) == status.name
+
+
+def test_buckets_span_tenth_ms_to_two_minutes() -> None:
+    assert DURATION_BUCKETS[0] == 0.0001
+    assert DURATION_BUCKETS[-1] == 120.0
+    assert list(DURATION_BUCKETS) == sorted(set(DURATION_BUCKETS))
+
+
+def test_gauges(registry: CollectorRegistry) -> None:
+    m = CallMetrics(registry)
+    m.in_flight.inc()
+    m.in_flight.inc()
+    m.in_flight.dec()
+    m.client_connections.inc()
+    m.backend_connections.inc(3)
+    got = samples(registry)
+    assert got[key("runtimeproxy_cri_calls_in_flight")] == 1
+    assert got[key("runtimeproxy_connections", side="client")] == 1
+    assert got[key("runtimeproxy_connections", side="backend")] == 3
+
+
+def test_both_connection_sides_are_exported_at_zero(registry: CollectorRegistry) -> None:
+    CallMetrics(registry)
+    got = samples(registry)
+    assert got[key("runtimeproxy_connections", side="client")] == 0
+    assert got[key("runtimeproxy_connections", side="backend")] == 0
+
+
+def test_second_instance_in_same_registry_fails(registry: CollectorRegistry) -> None:
+    CallMetrics(registry)
+    with pytest.raises(ValueError, match="Duplicated"):
+        CallMetrics(registry)
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("127.0.0.1:9090", ("127.0.0.1", 9090)),
+        (":9090", ("", 9090)),
+        ("[::1]:9090", ("::1", 9090)),
+        ("[::]:0", ("::", 0)),
+        ("localhost:65535", ("localhost", 65535)),
+        ("0.0.0.0:1", ("0.0.0.0", 1)),
+    ],
+)
+def test_parse_address(address: str, expected: tuple[str, int]) -> None:
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("9090", "expected host:port"),
+        ("", "expected host:port"),
+        ("localhost", "expected host:port"),
+        ("::1:9090", "must be in brackets"),
+        ("[::1]", "must be in brackets"),
+        ("[nothost]:80", "not an IPv6 address"),
+        ("[::1:80", "brackets"),
+        ("host]:80", "brackets"),
+        ("host:", "not a number"),
+        ("host:http", "not a number"),
+        ("host:+80", "not a number"),
+        ("host: 80", "not a number"),
+        ("host:65536", "out of range"),
+    ],
+)
+def test_parse_address_errors(address: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_address(address)
+
+
+_label = st.from_regex(r"\A[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?\Z")
+_hostnames = st.lists(_label, min_size=1, max_size=4).map(".".join)
+_hosts = st.one_of(
+    st.just(""),
+    _hostnames,
+    st.ip_addresses(v=4).map(str),
+    st.ip_addresses(v=6).map(str),
+)
+
+
+@given(host=_hosts, port=st.integers(min_value=0, max_value=65535))
+def test_address_round_trip(host: str, port: int) -> None:
+    assert parse_address(format_address(host, port)) == (host, port)
+
+
+@pytest.fixture
+def server(registry: CollectorRegistry) -> Iterator[MetricsServer]:
+    srv = start_metrics_server("127.0.0.1:0", registry)
+    yield srv
+    srv.close()
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.status == 200
+        body: bytes = resp.read()
+        return body.decode()
+
+
+def test_server_serves_metrics(registry: CollectorRegistry, server: MetricsServer) -> None:
+    CallMetrics(registry).record("ListContainers", 0, 0.001)
+    assert server.host == "127.0.0.1"
+    assert server.port > 0
+    body = scrape(f"http://{server.address}/metrics")
+    assert 'runtimeproxy_cri_calls_total{code="OK",method="ListContainers"} 1.0' in body
+
+
+def test_server_close_releases_port(registry: CollectorRegistry) -> None:
+    srv = start_metrics_server("127.0.0.1:0", registry)
+    port = srv.port
+    srv.close()
+    with socket.create_server(("127.0.0.1", port)):  # would fail if still bound
+        pass
+
+
+def _ipv6_loopback_works() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback_works(), reason="no IPv6 loopback")
+def test_server_ipv6(registry: CollectorRegistry) -> None:
+    srv = start_metrics_server("[::1]:0", registry)
+    try:
+        assert srv.address == f"[::1]:{srv.port}"
+        assert "python_info" not in scrape(f"http://[::1]:{srv.port}/metrics")
+    finally:
+        srv.close()
+
+
+def test_server_all_interfaces_accepts_ipv4(registry: CollectorRegistry) -> None:
+    CallMetrics(registry)
+    srv = start_metrics_server(":0", registry)
+    try:
+        assert "runtimeproxy_cri_calls_in_flight" in scrape(f"http://127.0.0.1:{srv.port}/metrics")
+    finally:
+        srv.close()
+
+
+def test_server_bad_address(registry: CollectorRegistry) -> None:
+    with pytest.raises(ValueError, match="expected host:port"):
+        start_metrics_server("9090", registry)
+
+
+def test_server_port_in_use(registry: CollectorRegistry, server: MetricsServer) -> None:
+    with pytest.raises(OSError):
+        start_metrics_server(f"127.0.0.1:{server.port}", registry)
