@@ -1,0 +1,17 @@
+"""A real containerd, started by the test suite in a temporary root, plus local images.
+
+It ships with the package because ``runtime-proxy demo`` runs the same private
+containerd that the end-to-end tests use.
+"""
+
+from .containerd import Containerd, ContainerdError
+from .images import ImageSpec, build_image_tar, pause_image_spec, test_image_spec
+
+__all__ = [
+    "Containerd",
+    "ContainerdError",
+    "ImageSpec",
+    "build_image_tar",
+    "pause_image_spec",
+    "test_image_spec",
+]
