@@ -16,6 +16,7 @@ from runtimeproxy.endpoints import EndpointError, socket_path
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
 from runtimeproxy.metrics import CallMetrics, start_metrics_server
+from runtimeproxy.play.command import play_command
 from runtimeproxy.sdnotify import Watchdog, notify
 from runtimeproxy.server import DEFAULT_MAX_MESSAGE, ProxyServer, ProxySettings
 
@@ -194,8 +195,8 @@ async def _serve(settings: ProxySettings, metrics_address: str, hook_config_dir:
     return 0
 
 
-def main() -> None:
-    from runtimeproxy.play.command import play_command
+cli.add_command(play_command)
 
-    cli.add_command(play_command)
+
+def main() -> None:
     cli()

@@ -1,0 +1,1 @@
+"""``runtime-proxy play``: act as kubelet for one Pod manifest."""

@@ -1,0 +1,233 @@
+"""``runtime-proxy play POD.yaml``: act as kubelet for one Pod manifest.
+
+Exit codes: 0 done, 1 a CRI call failed (the gRPC code and details are
+printed), 2 the manifest or the command line is wrong.
+
+With ``--output json`` stdout carries exactly one JSON object:
+
+* play:   ``{"action": "play", "ok": true, "pod": {...plan summary...},
+  "pod_sandbox_id": "...", "containers": [{"name", "container_id", "image",
+  "image_ref", "kind"}]}``
+* delete: ``{"action": "delete", "ok": true, "uid": "...",
+  "pod_sandbox_ids": [...], "container_ids": [...]}``
+* failure: ``{"action": ..., "ok": false, "error": {"step", "code",
+  "details", "cleanup"}}`` (also written to stderr as text).
+
+Progress lines go to stdout in text mode and to stderr in JSON mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+if TYPE_CHECKING:  # the kubernetes client is slow to import: only when play runs
+    from runtimeproxy.play.kubelet import CgroupDriver, PodPlan
+    from runtimeproxy.play.manifest import ManifestError
+
+__all__ = ["DEFAULT_ENDPOINT", "DEFAULT_LOG_DIR", "play_command"]
+
+DEFAULT_ENDPOINT = "/var/run/runtimeproxy/runtimeproxy.sock"
+DEFAULT_LOG_DIR = os.path.join(tempfile.gettempdir(), "runtimeproxy-play", "pods")
+
+
+def _emit_json(obj: dict[str, Any]) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def _fail(ctx: click.Context, code: int, message: str, json_obj: dict[str, Any] | None) -> NoReturn:
+    if json_obj is not None:
+        _emit_json(json_obj)
+    click.echo(f"Error: {message}", err=True)
+    ctx.exit(code)
+    raise AssertionError("unreachable")  # ctx.exit raises
+
+
+def _plan_dump(plan: PodPlan) -> dict[str, Any]:
+    from google.protobuf import json_format
+
+    return {
+        "pod": plan.summary(),
+        "run_pod_sandbox": json_format.MessageToDict(plan.sandbox_request, preserving_proto_field_name=True),
+        "create_container": [
+            json_format.MessageToDict(c.request, preserving_proto_field_name=True) for c in plan.containers
+        ],
+    }
+
+
+@click.command("play")
+@click.argument("manifest", metavar="POD.yaml")
+@click.option(
+    "--endpoint",
+    envvar="RUNTIME_PROXY_ENDPOINT",
+    default=DEFAULT_ENDPOINT,
+    show_default=True,
+    help="CRI endpoint to talk to: a socket path or unix:///path (environment: RUNTIME_PROXY_ENDPOINT).",
+)
+@click.option("--delete", "do_delete", is_flag=True, help="Stop and remove the Pod instead.")
+@click.option("--pull", is_flag=True, help="Pull images that are not on the node.")
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False),
+    default=DEFAULT_LOG_DIR,
+    show_default=True,
+    help="Root of the pod log directories (kubelet uses /var/log/pods).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Deadline in seconds for each CRI call (and for each init container to finish).",
+)
+@click.option(
+    "--grace-period",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With --delete: seconds StopContainer waits before killing "
+    "(default: the Pod's terminationGracePeriodSeconds, else 30).",
+)
+@click.option(
+    "--cgroup-driver",
+    type=click.Choice(["cgroupfs", "systemd"]),
+    default="cgroupfs",
+    show_default=True,
+    help="How to spell the pod cgroup parent.",
+)
+@click.option(
+    "--cgroup-root",
+    default="/",
+    show_default=True,
+    help="Cgroup above kubepods, like kubelet's --cgroup-root.",
+)
+@click.option("--runtime-handler", default="", help="RuntimeClass handler for the sandbox.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the CRI requests that would be sent and connect to nothing.",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
+@click.pass_context
+def play_command(
+    ctx: click.Context,
+    manifest: str,
+    endpoint: str,
+    do_delete: bool,
+    pull: bool,
+    log_dir: str,
+    timeout: float,
+    grace_period: int | None,
+    cgroup_driver: CgroupDriver,
+    cgroup_root: str,
+    runtime_handler: str,
+    dry_run: bool,
+    output: str,
+) -> None:
+    """Act as kubelet for one Pod manifest: start it (or --delete it) through CRI.
+
+    Sends RunPodSandbox, then CreateContainer and StartContainer for each
+    container, with the cgroup parent, resources, labels and annotations
+    kubelet would compute. Images must be on the node unless --pull is given.
+    """
+    from runtimeproxy.cri_client import CriClient
+    from runtimeproxy.play.kubelet import build_plan
+    from runtimeproxy.play.manifest import ManifestError, load_pod
+    from runtimeproxy.play.runner import PlayError, delete, play
+
+    as_json = output == "json"
+    action = "delete" if do_delete else "play"
+
+    def say(line: str) -> None:
+        click.echo(line, err=as_json)
+
+    try:
+        pod = load_pod(manifest)
+        plan = build_plan(
+            pod,
+            log_dir_base=os.path.abspath(log_dir),
+            cgroup_driver=cgroup_driver,
+            cgroup_root=cgroup_root,
+            runtime_handler=runtime_handler,
+        )
+    except ManifestError as exc:
+        _fail(
+            ctx,
+            2,
+            str(exc),
+            {"action": action, "ok": False, "error": _manifest_error(exc)} if as_json else None,
+        )
+    except OSError as exc:  # /proc/meminfo
+        _fail(
+            ctx,
+            1,
+            f"cannot read machine memory: {exc}",
+            {"action": action, "ok": False, "error": {"details": str(exc)}} if as_json else None,
+        )
+
+    if dry_run:
+        dump = {"action": action, "ok": True, "dry_run": True, **_plan_dump(plan)}
+        click.echo(json.dumps(dump, indent=2))
+        return
+
+    say(f"pod {plan.namespace}/{plan.name} uid={plan.uid} qos={plan.qos_class.value} endpoint={endpoint}")
+    try:
+        client = CriClient(endpoint, timeout=timeout)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param_hint="--endpoint") from exc
+    with client:
+        try:
+            if do_delete:
+                deleted = delete(plan, client, grace_period=grace_period, say=say)
+                if as_json:
+                    _emit_json({"action": "delete", "ok": True, **deleted.to_dict()})
+                else:
+                    say(
+                        f"pod {plan.namespace}/{plan.name} deleted: "
+                        f"{len(deleted.pod_sandbox_ids)} sandbox(es), "
+                        f"{len(deleted.container_ids)} container(s)"
+                    )
+                return
+            result = play(plan, client, pull=pull, say=say)
+        except PlayError as exc:
+            _fail(
+                ctx,
+                1,
+                str(exc),
+                {"action": action, "ok": False, "error": exc.to_dict()} if as_json else None,
+            )
+        except OSError as exc:  # the pod log directory
+            _fail(
+                ctx,
+                1,
+                f"cannot create the pod log directory: {exc}",
+                {"action": action, "ok": False, "error": {"details": str(exc)}} if as_json else None,
+            )
+    if as_json:
+        _emit_json({"action": "play", "ok": True, **result.to_dict()})
+    else:
+        say(f"pod {plan.namespace}/{plan.name} is running in sandbox {result.pod_sandbox_id}")
+        for container in result.containers:
+            say(f"  {container.name}\t{container.container_id}")
+
+
+def _manifest_error(exc: ManifestError) -> dict[str, Any]:
+    return {
+        "step": "manifest",
+        "code": None,
+        "details": str(exc),
+        "file": exc.source,
+        "field": exc.field,
+        "reason": exc.reason,
+        "cleanup": [],
+    }
