@@ -12,6 +12,7 @@ import structlog
 import uvloop
 
 from runtimeproxy import __version__
+from runtimeproxy.demo import demo_command
 from runtimeproxy.endpoints import EndpointError, socket_path
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
@@ -196,6 +197,7 @@ async def _serve(settings: ProxySettings, metrics_address: str, hook_config_dir:
 
 
 cli.add_command(play_command)
+cli.add_command(demo_command)
 
 
 def main() -> None:

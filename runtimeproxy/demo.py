@@ -1,0 +1,101 @@
+"""``runtime-proxy demo``: the whole data path on one machine, with nothing to set up.
+
+It starts a private containerd in a temporary root (the same test bed the end-to-end
+tests use), the proxy daemon in front of it, and plays a pod through the proxy with
+``runtime-proxy play``, so every relayed CRI call shows in the proxy's log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import click
+
+from runtimeproxy.testbed import Containerd
+
+REQUIRED_TOOLS = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
+CLI = [sys.executable, "-c", "from runtimeproxy.cli import main; main()"]
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+
+
+def demo_manifest() -> Path:
+    return Path(str(resources.files("runtimeproxy") / "data" / "demo-pod.yaml"))
+
+
+def run_demo(manifest: Path, keep_seconds: float) -> int:
+    if os.geteuid() != 0:
+        raise click.ClickException("the demo starts containerd and containers: run it as root")
+    if missing := missing_tools():
+        raise click.ClickException(
+            f"missing {', '.join(missing)}: install Debian's containerd and runc "
+            "(`bash .ci/system-deps.sh`, or `tox -e demo`, does it)"
+        )
+    workdir = Path(tempfile.mkdtemp(prefix="rtpx-demo-", dir="/tmp"))
+    with Containerd() as bed:
+        _say(f"containerd {bed.snapshotter} test bed serving on {bed.address}")
+        proxy_socket = workdir / "proxy.sock"
+        proxy = _start_proxy(proxy_socket, bed.address)
+        try:
+            _wait_for_socket(proxy, proxy_socket)
+            _say(f"runtime-proxy serving on unix://{proxy_socket}; playing {manifest}")
+            play = [*CLI, "play", str(manifest), "--endpoint", str(proxy_socket), "--cgroup-root", bed.cgroup_prefix]
+            _run(play)
+            if keep_seconds:
+                _say(f"pod is running; deleting it in {keep_seconds:g} s")
+                time.sleep(keep_seconds)
+            _run([*play, "--delete"])
+        finally:
+            proxy.send_signal(signal.SIGTERM)
+            code = proxy.wait(timeout=30)
+            shutil.rmtree(workdir, ignore_errors=True)
+    _say(f"proxy drained and exited with {code}; containerd stopped and its root removed")
+    return code
+
+
+def _start_proxy(socket: Path, backend: str) -> subprocess.Popen[bytes]:
+    args = [*CLI, "serve", "--endpoint", str(socket), "--remote-runtime-endpoint", backend]
+    # debug shows every relayed call, not only the lifecycle ones.
+    return subprocess.Popen([*args, "--log-level", "debug", "--log-format", "console"])
+
+
+def _wait_for_socket(proxy: subprocess.Popen[bytes], socket: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not socket.exists():
+        if proxy.poll() is not None:
+            raise click.ClickException(f"runtime-proxy exited with {proxy.returncode} before serving")
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"runtime-proxy did not create {socket} within {timeout:g} s")
+        time.sleep(0.05)
+
+
+def _run(args: list[str]) -> None:
+    done = subprocess.run(args, check=False)
+    if done.returncode != 0:
+        raise click.ClickException(f"{' '.join(args[3:])} exited with {done.returncode}")
+
+
+def _say(message: str) -> None:
+    click.secho(f"==> {message}", fg="cyan", err=True)
+
+
+@click.command("demo")
+@click.argument("manifest", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--keep", "keep_seconds", type=float, default=0.0, help="Seconds to leave the pod running.")
+def demo_command(manifest: Path | None, keep_seconds: float) -> None:
+    """Run the proxy in front of a private containerd and play a pod through it.
+
+    Needs root and Debian's containerd and runc. MANIFEST defaults to a small
+    two-container pod shipped with the package.
+    """
+    sys.exit(run_demo(manifest or demo_manifest(), keep_seconds))
