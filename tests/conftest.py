@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
+
 from runtimeproxy.testbed import Containerd
 
 _REQUIRED_BINARIES = ("containerd", "ctr", "runc", "containerd-shim-runc-v2", "mount", "ip")

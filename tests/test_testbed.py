@@ -11,10 +11,10 @@ from typing import TypeVar
 
 import pytest
 from google.protobuf.message import Message
-from runtimeproxy.testbed import Containerd, ContainerdError
-from runtimeproxy.testbed.containerd import decode_fields, encode_field
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
+from runtimeproxy.testbed import Containerd, ContainerdError
+from runtimeproxy.testbed.containerd import decode_fields, encode_field
 
 pytestmark = pytest.mark.e2e
 
