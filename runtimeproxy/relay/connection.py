@@ -456,6 +456,7 @@ class RelayConnection:
         messages = grpc_wire.split_messages(received)
         if messages is None or len(messages) != 1 or messages[0].compressed:
             log.warning("request not interceptable; relayed unchanged", method=stream.method.path)
+            stream.after_due = True
             self._send_request(stream, received)
             return
         request = messages[0].body
@@ -470,6 +471,7 @@ class RelayConnection:
             log.exception("interceptor failed; call relayed unchanged", method=stream.method.path)
         if stream.id in self.streams:
             stream.request = request
+            stream.after_due = True
             self._send_request(stream, grpc_wire.encode_message(request))
 
     def _send_request(self, stream: Stream, body: bytes) -> None:
@@ -536,12 +538,10 @@ class RelayConnection:
         code, message = grpc_wire.UNKNOWN, ""
         for name, value in headers:
             if name == "grpc-status":
-                code = int(value) if value.isdigit() else grpc_wire.UNKNOWN
+                code = grpc_wire.parse_status(value)
             elif name == "grpc-message":
                 message = grpc_wire.decode_grpc_message(value)
         self._finish(stream, code, message)
-        if stream.call is not None:
-            self._start_after(stream, code, message)
 
     def _upstream_window_update(self, sid: int, data: bytes, start: int) -> bytes | None:
         increment = int.from_bytes(data[start : start + 4], "big") & frames.MAX_WINDOW_INCREMENT
@@ -651,6 +651,9 @@ class RelayConnection:
         if self.streams.pop(stream.id, None) is None:
             return
         self.options.observer(stream.method, code, message, time.perf_counter() - stream.started)
+        if stream.after_due:
+            stream.after_due = False
+            self._start_after(stream, code, message)
 
     def _flush_credit(self) -> None:
         if self.client_credit:

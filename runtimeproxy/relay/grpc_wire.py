@@ -34,13 +34,19 @@ _TIMEOUT_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6,
 _MESSAGE_SAFE: Final = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 
 
+def parse_status(value: str) -> int:
+    """The grpc-status header as a code; UNKNOWN when it is not a plain decimal number."""
+    return int(value) if value.isascii() and value.isdigit() else UNKNOWN
+
+
 def code_name(code: int) -> str:
     return CODE_NAMES.get(code, str(code))
 
 
 def parse_timeout(value: str) -> float | None:
     """Seconds from a grpc-timeout header value ("119999m"), or None when malformed."""
-    if len(value) < 2 or value[-1] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
+    digits = value[:-1]
+    if len(value) < 2 or value[-1] not in _TIMEOUT_UNITS or not (digits.isascii() and digits.isdigit()):
         return None
     return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
 
@@ -94,9 +100,9 @@ class MessageSizer:
                 self._body_left -= step
                 pos += step
                 continue
-            need = PREFIX_LEN - len(self._prefix)
-            self._prefix += bytes(data[pos : pos + need])
-            pos += min(need, end - pos)
+            take = min(PREFIX_LEN - len(self._prefix), end - pos)
+            self._prefix += bytes(data[pos : pos + take])
+            pos += take
             if len(self._prefix) < PREFIX_LEN:
                 return None
             length = int.from_bytes(self._prefix[1:], "big")

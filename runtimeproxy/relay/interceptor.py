@@ -50,7 +50,8 @@ class CallInterceptor(Protocol):
         ...
 
     async def after(self, call: CallContext, request: bytes, outcome: CallOutcome) -> None:
-        """Runs once the response has gone back to the caller; it cannot change it."""
+        """Runs once the call has ended, for every call ``before`` let through (also when the
+        call was cancelled or its connection lost); it cannot change the response."""
         ...
 
 

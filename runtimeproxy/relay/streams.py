@@ -13,6 +13,7 @@ class Stream:
     """One relayed call. Calls an interceptor claims also hold their request and response."""
 
     __slots__ = (
+        "after_due",
         "before_task",
         "call",
         "client_done",
@@ -52,6 +53,8 @@ class Stream:
         self.request = b""
         self.response_body = bytearray() if call is not None else None
         self.before_task: asyncio.Task[None] | None = None
+        # Set once the request went on: ``after`` is then owed however the call ends.
+        self.after_due = False
         # DATA frames of a changed request still waiting for backend flow-control credit.
         self.pending_out: list[bytes] = []
         self.up_window = 0

@@ -1,0 +1,1 @@
+"""Calling runtime-hook servers around CRI lifecycle calls: registration, dispatch, merge, store."""

@@ -1,0 +1,202 @@
+"""Calls the hook servers subscribed to a hook point, in order, each within its time.
+
+Every subscribed server is called, ordered by (index, file name). A pre-hook server
+sees the request as the servers before it left it. Each call is bounded by the server's
+timeout, cut to the time left on kubelet's deadline. Outcomes:
+
+* ok: the response was valid and merged;
+* unimplemented: the server does not serve this hook, so it simply takes no part;
+* failed / timeout / invalid: under failure policy Fail a pre-hook ends the CRI call
+  with an error naming server and hook; under Ignore it is logged and counted;
+  post-hooks never fail a call (containerd has already carried it out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+
+from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
+from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.dispatch.protocol import InvalidHookOutput
+from runtimeproxy.dispatch.registry import FailurePolicy, HookRegistry, HookServer
+
+log = structlog.get_logger("runtimeproxy.hooks")
+
+SERVICE = "/runtime.v1alpha1.RuntimeHookService/"
+RESPONSE_TYPES: dict[HookKind, Any] = {
+    HookKind.POD: hook.PodSandboxHookResponse,
+    HookKind.CONTAINER: hook.ContainerResourceHookResponse,
+}
+# Below this much time left there is no point in calling a hook server.
+MIN_CALL_SECONDS = 0.001
+
+
+@dataclass(frozen=True)
+class HookOutcome:
+    server: str
+    point: HookPoint
+    outcome: str  # ok | unimplemented | failed | timeout | invalid
+    seconds: float
+    error: str = ""
+    changes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        text = f"{self.server}:{self.outcome}"
+        return f"{text} ({self.error})" if self.error else text
+
+
+class HookFailed(Exception):
+    """A pre-hook failed under failure policy Fail: the CRI call must not go on."""
+
+    def __init__(self, result: HookOutcome, server: HookServer, code: grpc.StatusCode) -> None:
+        self.result = result
+        self.code = code
+        super().__init__(
+            f"runtime hook {result.point.value} of hook server {server.name} "
+            f"(unix://{server.endpoint}) {result.outcome}: {result.error}"
+        )
+
+
+class HookMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = REGISTRY if registry is None else registry
+        self.duration = Histogram(
+            "runtimeproxy_hook_duration_seconds",
+            "Round trip of hook server calls, by server and hook point.",
+            ["server", "hook"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+            registry=reg,
+        )
+        self.outcomes = Counter(
+            "runtimeproxy_hook_calls",
+            "Hook server calls by outcome: ok, unimplemented, failed, timeout, invalid, skipped.",
+            ["server", "hook", "outcome"],
+            registry=reg,
+        )
+
+    def record(self, result: HookOutcome) -> None:
+        self.duration.labels(result.server, result.point.value).observe(result.seconds)
+        self.outcomes.labels(result.server, result.point.value, result.outcome).inc()
+
+    def skipped(self, point: HookPoint) -> None:
+        self.outcomes.labels("", point.value, "skipped").inc()
+
+
+class Dispatcher:
+    def __init__(self, registry: HookRegistry, metrics: HookMetrics | None = None) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        registry.add_listener(self._servers_changed)
+
+    def subscribed(self, point: HookPoint) -> bool:
+        return bool(self.registry.servers_for(point))
+
+    async def run(
+        self,
+        point: HookPoint,
+        build_request: Callable[[], Any],
+        apply_response: Callable[[Any], list[str]],
+        deadline: float | None,
+    ) -> list[HookOutcome]:
+        """Call every server of ``point`` in order; raises HookFailed for a Fail pre-hook."""
+        results: list[HookOutcome] = []
+        for server in self.registry.servers_for(point):
+            result = await self._call(server, point, build_request(), apply_response, deadline)
+            results.append(result)
+            if self.metrics is not None:
+                self.metrics.record(result)
+            if result.outcome in ("ok", "unimplemented"):
+                continue
+            if point.stage == "pre" and server.failure_policy == FailurePolicy.FAIL:
+                raise HookFailed(result, server, _status_for(result))
+            log.warning("hook failed, ignored", hook=point.value, server=server.name, outcome=result.outcome,
+                        error=result.error)
+        return results
+
+    async def _call(
+        self,
+        server: HookServer,
+        point: HookPoint,
+        request: Any,
+        apply_response: Callable[[Any], list[str]],
+        deadline: float | None,
+    ) -> HookOutcome:
+        timeout = server.timeout
+        loop = asyncio.get_running_loop()
+        if deadline is not None:
+            timeout = min(timeout, deadline - loop.time())
+        started = time.perf_counter()
+
+        def done(outcome: str, error: str = "", changes: list[str] | None = None) -> HookOutcome:
+            seconds = time.perf_counter() - started
+            return HookOutcome(server.name, point, outcome, seconds, error, tuple(changes or ()))
+
+        if timeout < MIN_CALL_SECONDS:
+            return done("timeout", "no time left before the caller's deadline")
+        method = self._channel(server).unary_unary(
+            SERVICE + point.rpc,
+            request_serializer=_serialize,
+            response_deserializer=RESPONSE_TYPES[point.kind].FromString,
+        )
+        try:
+            response = await method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            return _rpc_failure(exc, done, timeout)
+        except Exception as exc:  # an undecodable response, mostly
+            return done("invalid", f"{type(exc).__name__}: {exc}")
+        try:
+            return done("ok", changes=apply_response(response))
+        except InvalidHookOutput as exc:
+            return done("invalid", str(exc))
+
+    def _channel(self, server: HookServer) -> grpc.aio.Channel:
+        channel = self._channels.get(server.endpoint)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(
+                "unix://" + server.endpoint,
+                options=[("grpc.max_receive_message_length", 16 << 20), ("grpc.enable_retries", 0)],
+            )
+            self._channels[server.endpoint] = channel
+        return channel
+
+    def _servers_changed(self, servers: list[HookServer]) -> None:
+        """Close channels of endpoints no registered server uses any more."""
+        wanted = {server.endpoint for server in servers}
+        for endpoint in [e for e in self._channels if e not in wanted]:
+            channel = self._channels.pop(endpoint)
+            asyncio.get_running_loop().create_task(channel.close(None))
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close(None)
+
+
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
+
+
+def _rpc_failure(exc: grpc.aio.AioRpcError, done: Callable[..., HookOutcome], timeout: float) -> HookOutcome:
+    code = exc.code()
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return done("unimplemented")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return done("timeout", f"no answer within {timeout:.3f} s")
+    return done("failed", f"{code.name}: {exc.details()}")
+
+
+def _status_for(result: HookOutcome) -> grpc.StatusCode:
+    if result.outcome == "timeout":
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if result.outcome == "invalid":
+        return grpc.StatusCode.INTERNAL
+    return grpc.StatusCode.UNAVAILABLE if "UNAVAILABLE" in result.error else grpc.StatusCode.FAILED_PRECONDITION

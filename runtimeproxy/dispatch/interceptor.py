@@ -1,0 +1,295 @@
+"""The hook layer as the relay sees it: runs hooks around CRI lifecycle calls.
+
+For each claimed call: take the keys of the objects it touches (order per pod and
+container), build its views from the request and the store, run the pre-hooks, and send
+on the changed request. After the call: record it in the store, run the post-hooks, log
+one line with everything the hooks did, and release the keys.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from runtimeproxy.api.runtime.v1 import api_pb2 as cri
+from runtimeproxy.dispatch import protocol
+from runtimeproxy.dispatch.dispatcher import Dispatcher, HookFailed, HookOutcome
+from runtimeproxy.dispatch.hookpoints import HOOKS_BY_METHOD, CallHooks, HookKind, HookPoint
+from runtimeproxy.dispatch.protocol import CallFrame, ContainerView, PodView
+from runtimeproxy.dispatch.sequencer import KeyedSequencer
+from runtimeproxy.dispatch.store import PodStore, StoreRebuilder
+from runtimeproxy.relay import grpc_wire
+from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
+from runtimeproxy.relay.methods import MethodInfo
+
+log = structlog.get_logger("runtimeproxy.hooks")
+
+RUNTIME_SERVICE = "runtime.v1.RuntimeService"
+DEFAULT_SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
+# Calls that change the store but have no hook point of their own.
+STORE_ONLY = {"RemoveContainer": CallHooks(None, None)}
+
+
+@dataclass
+class _CallState:
+    frame: CallFrame
+    keys: tuple[str, ...]
+    skipped: bool = False
+    results: list[HookOutcome] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+
+class HookInterceptor:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        store: PodStore,
+        loader: StoreRebuilder,
+        *,
+        skip_label: str = DEFAULT_SKIP_LABEL,
+        skip_value: str = "true",
+        cgroup_roots: tuple[str, ...] = ("/kubepods",),
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.store = store
+        self.loader = loader
+        self.skip_label = skip_label
+        self.skip_value = skip_value
+        self.cgroup_roots = cgroup_roots
+        self.sequencer = KeyedSequencer()
+        self._calls: dict[int, _CallState] = {}
+
+    # -- the relay's interface ---------------------------------------------------------------
+
+    def intercepts(self, method: MethodInfo) -> bool:
+        return method.service == RUNTIME_SERVICE and (method.name in HOOKS_BY_METHOD or method.name in STORE_ONLY)
+
+    async def before(self, call: CallContext, request: bytes) -> bytes:
+        name = call.method.name
+        message = call.method.request_type.FromString(request)
+        keys = await self.sequencer.acquire(_keys(name, message))
+        try:
+            state = _CallState(await self._frame(name, message), keys)
+            self._calls[id(call)] = state
+            point = _hooks(name).pre
+            if point is None:
+                return request
+            state.skipped = self._skipped(state.frame)
+            if state.skipped or not self.dispatcher.subscribed(point):
+                return request
+            state.results += await self._run(point, state.frame, call.deadline)
+            if state.frame.mutable and state.frame.changes:
+                _commit(state.frame)
+                return bytes(state.frame.request.SerializeToString())
+            return request
+        except HookFailed as failed:
+            self._end(call, failed.code.value[0], str(failed), failed.result)
+            raise RejectCall(failed.code.value[0], str(failed)) from None
+        except BaseException:
+            self._calls.pop(id(call), None)
+            self.sequencer.release(keys)
+            raise
+
+    async def after(self, call: CallContext, request: bytes, outcome: CallOutcome) -> None:
+        state = self._calls.get(id(call))
+        if state is None:
+            return
+        try:
+            if outcome.code == grpc_wire.OK:
+                await self._succeeded(call.method, state, outcome.response)
+        finally:
+            self._end(call, outcome.code, outcome.message, None)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    async def _succeeded(self, method: MethodInfo, state: _CallState, response: bytes | None) -> None:
+        reply = method.response_type.FromString(response or b"")
+        frame = state.frame
+        if method.name == "CreateContainer" and frame.container is not None:
+            frame.container.container_id = reply.container_id
+            # Taken before kubelet's next call can be read: StartContainer waits for PostCreate.
+            state.keys += await self.sequencer.acquire(["container:" + reply.container_id])
+        if method.name == "RunPodSandbox" and frame.pod is not None:
+            frame.pod.sandbox_id = reply.pod_sandbox_id
+        self._record(method.name, frame)
+        point = _hooks(method.name).post
+        if point is not None and not state.skipped and self.dispatcher.subscribed(point):
+            state.results += await self._run(point, frame, None)
+
+    async def _run(self, point: HookPoint, frame: CallFrame, deadline: float | None) -> list[HookOutcome]:
+        pod, container = frame.pod, frame.container
+        assert pod is not None
+        if point.kind == HookKind.POD:
+            return await self.dispatcher.run(
+                point,
+                lambda: protocol.pod_hook_request(pod),
+                lambda response: _note(frame, protocol.apply_pod_response(pod, response, self.cgroup_roots)),
+                deadline,
+            )
+        assert container is not None
+        return await self.dispatcher.run(
+            point,
+            lambda: protocol.container_hook_request(pod, container),
+            lambda response: _note(
+                frame, protocol.apply_container_response(pod, container, response, self.cgroup_roots)
+            ),
+            deadline,
+        )
+
+    def _skipped(self, frame: CallFrame) -> bool:
+        return frame.pod is not None and frame.pod.config.labels.get(self.skip_label) == self.skip_value
+
+    def _end(self, call: CallContext, code: int, message: str, failed: HookOutcome | None) -> None:
+        state = self._calls.pop(id(call), None)
+        if state is None:
+            return
+        self.sequencer.release(state.keys)
+        _log_call(call.method.name, state, code, message, failed)
+
+    # -- views and store ---------------------------------------------------------------------
+
+    async def _frame(self, name: str, request: Any) -> CallFrame:
+        if name == "RunPodSandbox":
+            pod = PodView("", request.runtime_handler, request.config)
+            return CallFrame(name, request, pod=pod, mutable=True)
+        if name == "CreateContainer":
+            sandbox = await self.loader.ensure_sandbox(request.pod_sandbox_id)
+            handler = sandbox.runtime_handler if sandbox is not None else ""
+            pod = PodView(request.pod_sandbox_id, handler, request.sandbox_config)
+            return CallFrame(name, request, pod=pod, container=ContainerView("", request.config), mutable=True)
+        if hasattr(request, "container_id"):
+            return await self._container_frame(name, request)
+        return await self._pod_frame(name, request)
+
+    async def _container_frame(self, name: str, request: Any) -> CallFrame:
+        entry = await self.loader.ensure_container(request.container_id)
+        sandbox_id = entry.sandbox_id if entry is not None else ""
+        pod = await self._pod_view(sandbox_id)
+        container = ContainerView(request.container_id, _container_config(entry))
+        frame = CallFrame(name, request, pod=pod, container=container)
+        if name == "UpdateContainerResources":
+            container.config.linux.resources.CopyFrom(request.linux)
+            container.config.annotations.update(request.annotations)
+            frame.baseline_annotations = dict(container.config.annotations)
+            frame.mutable = True
+        return frame
+
+    async def _pod_frame(self, name: str, request: Any) -> CallFrame:
+        pod = await self._pod_view(request.pod_sandbox_id)
+        frame = CallFrame(name, request, pod=pod)
+        if name == "UpdatePodSandboxResources":
+            pod.config.linux.resources.CopyFrom(request.resources)
+            pod.config.linux.overhead.CopyFrom(request.overhead)
+            frame.mutable = True
+        return frame
+
+    async def _pod_view(self, sandbox_id: str) -> PodView:
+        entry = await self.loader.ensure_sandbox(sandbox_id) if sandbox_id else None
+        if entry is None:
+            return PodView(sandbox_id, "", cri.PodSandboxConfig())
+        return PodView(sandbox_id, entry.runtime_handler, _sandbox_config(entry))
+
+    def _record(self, name: str, frame: CallFrame) -> None:
+        request, store = frame.request, self.store
+        if name == "RunPodSandbox" and frame.pod is not None:
+            store.put_sandbox(store.sandbox_from_request(frame.pod.sandbox_id, request))
+        elif name == "CreateContainer" and frame.container is not None:
+            store.put_container(store.container_from_request(frame.container.container_id, request))
+        elif name == "UpdateContainerResources":
+            store.update_container_resources(request.container_id, request.linux)
+        elif name == "UpdatePodSandboxResources":
+            store.update_sandbox_resources(request.pod_sandbox_id, request.resources, request.overhead)
+        elif name == "RemoveContainer":
+            store.remove_container(request.container_id)
+        elif name == "RemovePodSandbox":
+            store.remove_sandbox(request.pod_sandbox_id)
+
+
+def _hooks(name: str) -> CallHooks:
+    return HOOKS_BY_METHOD.get(name) or STORE_ONLY[name]
+
+
+def _keys(name: str, request: Any) -> list[str]:
+    if name == "RunPodSandbox":
+        return ["pod:" + request.config.metadata.uid]
+    if name == "CreateContainer":
+        return ["sandbox:" + request.pod_sandbox_id]
+    if hasattr(request, "container_id"):
+        return ["container:" + request.container_id]
+    return ["sandbox:" + request.pod_sandbox_id]
+
+
+def _note(frame: CallFrame, changes: list[str]) -> list[str]:
+    frame.changes += changes
+    return changes
+
+
+def _commit(frame: CallFrame) -> None:
+    """Write changes made on copies back into the requests that carry only part of them."""
+    request = frame.request
+    if frame.method == "UpdateContainerResources" and frame.container is not None:
+        config = frame.container.config
+        request.linux.CopyFrom(config.linux.resources)
+        for key, value in config.annotations.items():
+            if frame.baseline_annotations.get(key) != value:
+                request.annotations[key] = value
+    elif frame.method == "UpdatePodSandboxResources" and frame.pod is not None:
+        request.resources.CopyFrom(frame.pod.config.linux.resources)
+
+
+def _sandbox_config(entry: Any) -> Any:
+    config = getattr(entry, "config", None)
+    if config is not None:
+        copy = cri.PodSandboxConfig()
+        copy.CopyFrom(config)
+        return copy
+    return cri.PodSandboxConfig(
+        metadata=cri.PodSandboxMetadata(
+            name=entry.name, uid=entry.uid, namespace=entry.namespace, attempt=entry.attempt
+        ),
+        labels=entry.labels,
+        annotations=entry.annotations,
+        linux=cri.LinuxPodSandboxConfig(
+            cgroup_parent=entry.cgroup_parent, resources=entry.resources, overhead=entry.overhead
+        ),
+    )
+
+
+def _container_config(entry: Any) -> Any:
+    if entry is None:
+        return cri.ContainerConfig()
+    config = getattr(entry, "config", None)
+    if config is not None:
+        copy = cri.ContainerConfig()
+        copy.CopyFrom(config)
+        return copy
+    return cri.ContainerConfig(
+        metadata=cri.ContainerMetadata(name=entry.name, attempt=entry.attempt),
+        labels=entry.labels,
+        annotations=entry.annotations,
+        envs=[cri.KeyValue(key=key, value=value) for key, value in entry.envs],
+        linux=cri.LinuxContainerConfig(resources=entry.resources),
+    )
+
+
+def _log_call(name: str, state: _CallState, code: int, message: str, failed: HookOutcome | None) -> None:
+    frame = state.frame
+    pod = frame.pod.config.metadata if frame.pod is not None else None
+    fields: dict[str, Any] = {
+        "method": name,
+        "code": grpc_wire.code_name(code),
+        "duration_ms": round((time.perf_counter() - state.started) * 1000, 3),
+        "pod": f"{pod.namespace}/{pod.name}" if pod is not None and pod.name else None,
+        "container": frame.container.config.metadata.name if frame.container is not None else None,
+        "hooks": [result.summary() for result in state.results],
+        "changes": frame.changes,
+    }
+    if state.skipped:
+        fields["skipped"] = "skip label"
+    if code != grpc_wire.OK:
+        fields["error"] = message
+    problem = failed is not None or any(result.outcome not in ("ok", "unimplemented") for result in state.results)
+    (log.warning if problem else log.info)("lifecycle call", **fields)
