@@ -13,6 +13,8 @@ import uvloop
 
 from runtimeproxy import __version__
 from runtimeproxy.demo import demo_command
+from runtimeproxy.dispatch.interceptor import DEFAULT_SKIP_LABEL
+from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS, HookLayer, HookSettings
 from runtimeproxy.endpoints import EndpointError, socket_path
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
@@ -97,6 +99,22 @@ def cli() -> None:
     help="Directory of hook server registration files.",
 )
 @click.option(
+    "--skip-hook-label",
+    default=f"{DEFAULT_SKIP_LABEL}=true",
+    show_default=True,
+    show_envvar=True,
+    help="Pods with this label (KEY=VALUE) and their containers bypass every hook.",
+)
+@click.option(
+    "--cgroup-parent-root",
+    "cgroup_parent_roots",
+    multiple=True,
+    default=DEFAULT_CGROUP_ROOTS,
+    show_default=True,
+    show_envvar=True,
+    help="Cgroup parents a hook may set must stay under one of these (repeatable).",
+)
+@click.option(
     "--metrics-address",
     default="",
     show_envvar=True,
@@ -145,6 +163,8 @@ def serve(
     remote_runtime_endpoint: str,
     remote_image_endpoint: str | None,
     hook_config_dir: str,
+    skip_hook_label: str,
+    cgroup_parent_roots: tuple[str, ...],
     metrics_address: str,
     log_level: str,
     log_format: str,
@@ -164,8 +184,18 @@ def serve(
         drain_grace=drain_grace,
         socket_group=socket_group,
     )
+    key, sep, value = skip_hook_label.partition("=")
+    if not sep or not key:
+        raise click.BadParameter("expected KEY=VALUE", param_hint="--skip-hook-label")
+    hooks = HookSettings(
+        config_dir=hook_config_dir,
+        runtime_backend=remote_runtime_endpoint,
+        skip_label=key,
+        skip_value=value,
+        cgroup_roots=cgroup_parent_roots,
+    )
     try:
-        code = uvloop.run(_serve(settings, metrics_address, hook_config_dir))
+        code = uvloop.run(_serve(settings, hooks, metrics_address))
     except AlreadyServing as exc:
         log.error("refusing to start", reason=str(exc))
         click.echo(f"runtime-proxy: {exc}", err=True)
@@ -173,10 +203,12 @@ def serve(
     sys.exit(code)
 
 
-async def _serve(settings: ProxySettings, metrics_address: str, hook_config_dir: str) -> int:
+async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_address: str) -> int:
     metrics = CallMetrics()
     metrics_server = start_metrics_server(metrics_address) if metrics_address else None
-    server = ProxyServer(settings, metrics=metrics)
+    hooks = HookLayer(hook_settings)
+    server = ProxyServer(settings, interceptor=hooks.interceptor, metrics=metrics)
+    await hooks.start()  # registrations are read before the first call can arrive
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -190,6 +222,7 @@ async def _serve(settings: ProxySettings, metrics_address: str, hook_config_dir:
     notify("STOPPING=1")
     log.info("draining", grace_seconds=settings.drain_grace, calls_in_flight=server.active_calls)
     await server.shutdown()
+    await hooks.stop()
     watchdog.stop()
     if metrics_server is not None:
         metrics_server.close()

@@ -32,15 +32,27 @@ class ProxySettings:
 
 
 class CallLog:
-    """Logs and counts every finished call: lifecycle calls at info, the rest at debug."""
+    """Logs and counts every finished call: lifecycle calls at info, the rest at debug.
 
-    def __init__(self, metrics: CallMetrics | None) -> None:
+    A call the hook layer claims gets its info line from there (with the hooks' outcomes),
+    so it is not logged twice.
+    """
+
+    def __init__(self, metrics: CallMetrics | None, interceptor: CallInterceptor) -> None:
         self.metrics = metrics
+        self.interceptor = interceptor
+        self._info: dict[str, bool] = {}
+
+    def _at_info(self, method: MethodInfo) -> bool:
+        at_info = self._info.get(method.path)
+        if at_info is None:
+            at_info = self._info[method.path] = is_lifecycle(method) and not self.interceptor.intercepts(method)
+        return at_info
 
     def __call__(self, method: MethodInfo, code: int, message: str, seconds: float) -> None:
         if self.metrics is not None:
             self.metrics.record(method.path, code, seconds)
-        if is_lifecycle(method):
+        if self._at_info(method):
             log.info(
                 "cri call",
                 method=method.name,
@@ -65,11 +77,12 @@ class ProxyServer:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        interceptor = interceptor or PassThrough()
         self.options = RelayOptions(
             backends=Backends(settings.runtime_backend, settings.image_backend),
             methods=MethodTable(),
-            interceptor=interceptor or PassThrough(),
-            observer=CallLog(metrics),
+            interceptor=interceptor,
+            observer=CallLog(metrics, interceptor),
             max_message_size=settings.max_message_size,
         )
         self.connections: set[RelayConnection] = set()

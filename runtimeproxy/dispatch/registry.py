@@ -217,7 +217,7 @@ def _server_fields(server: HookServer) -> dict[str, Any]:
     return {
         "server": server.name,
         "endpoint": server.endpoint,
-        "hooks": sorted(server.hooks),
+        "hooks": sorted(point.value for point in server.hooks),
         "failure_policy": str(server.failure_policy),
         "timeout": server.timeout,
         "index": server.index,
