@@ -209,6 +209,14 @@ def test_parse_timeout_never_raises_on_ascii(value: str) -> None:
         assert value[:-1].isascii() and value[:-1].isdigit() and value[-1] in "HMSmun"
 
 
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [("0", 0), ("8", 8), ("16", 16), ("42", 42), ("", 2), ("-1", 2), (" 1", 2), ("1.0", 2), ("\u0663", 2), ("OK", 2)],
+)
+def test_parse_status(value: str, code: int) -> None:
+    assert grpc_wire.parse_status(value) == code
+
+
 # -- grpc-message and status frames -------------------------------------------------------------
 
 

@@ -163,7 +163,15 @@ class Dispatcher:
         if channel is None:
             channel = grpc.aio.insecure_channel(
                 "unix://" + server.endpoint,
-                options=[("grpc.max_receive_message_length", 16 << 20), ("grpc.enable_retries", 0)],
+                options=[
+                    ("grpc.max_receive_message_length", 16 << 20),
+                    ("grpc.enable_retries", 0),
+                    # A hook server that comes back must be used again within a second,
+                    # not after gRPC's default backoff of up to two minutes.
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                ],
             )
             self._channels[server.endpoint] = channel
         return channel

@@ -74,13 +74,10 @@ class HookInterceptor:
         try:
             state = _CallState(await self._frame(name, message), keys)
             self._calls[id(call)] = state
-            point = _hooks(name).pre
-            if point is None:
-                return request
             state.skipped = self._skipped(state.frame)
-            if state.skipped or not self.dispatcher.subscribed(point):
-                return request
-            state.results += await self._run(point, state.frame, call.deadline)
+            point = _hooks(name).pre
+            if point is not None and not state.skipped and self.dispatcher.subscribed(point):
+                state.results += await self._run(point, state.frame, call.deadline)
             if state.frame.mutable and state.frame.changes:
                 _commit(state.frame)
                 return bytes(state.frame.request.SerializeToString())
@@ -159,7 +156,10 @@ class HookInterceptor:
             sandbox = await self.loader.ensure_sandbox(request.pod_sandbox_id)
             handler = sandbox.runtime_handler if sandbox is not None else ""
             pod = PodView(request.pod_sandbox_id, handler, request.sandbox_config)
-            return CallFrame(name, request, pod=pod, container=ContainerView("", request.config), mutable=True)
+            frame = CallFrame(name, request, pod=pod, container=ContainerView("", request.config), mutable=True)
+            if sandbox is not None:
+                frame.changes += _follow_sandbox(request.sandbox_config, sandbox)
+            return frame
         if hasattr(request, "container_id"):
             return await self._container_frame(name, request)
         return await self._pod_frame(name, request)
@@ -220,6 +220,27 @@ def _keys(name: str, request: Any) -> list[str]:
     if hasattr(request, "container_id"):
         return ["container:" + request.container_id]
     return ["sandbox:" + request.pod_sandbox_id]
+
+
+def _follow_sandbox(config: Any, sandbox: Any) -> list[str]:
+    """Give a new container its pod as the pod really is, pre-hook changes included.
+
+    kubelet sends the sandbox config as it first built it; when a PreRunPodSandbox hook
+    moved the pod to another cgroup parent or added labels, the container must follow,
+    or it would land outside its own pod's cgroup.
+    """
+    changes = []
+    if sandbox.cgroup_parent and sandbox.cgroup_parent != config.linux.cgroup_parent:
+        old = config.linux.cgroup_parent
+        changes.append(f"pod cgroup_parent: {old!r} -> {sandbox.cgroup_parent!r} (as the pod has it)")
+        config.linux.cgroup_parent = sandbox.cgroup_parent
+    for field_name in ("labels", "annotations"):
+        target = getattr(config, field_name)
+        for key, value in getattr(sandbox, field_name).items():
+            if target.get(key) != value:
+                changes.append(f"pod {field_name}[{key}]: {target.get(key)!r} -> {value!r} (as the pod has it)")
+                target[key] = value
+    return changes
 
 
 def _note(frame: CallFrame, changes: list[str]) -> list[str]:

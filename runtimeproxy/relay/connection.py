@@ -16,10 +16,12 @@ Frames the relay writes itself use only HPACK literals without indexing (never t
 the shared tables). A header block is always forwarded, even for a call the relay ended,
 because the receiver must decode it to keep its table in step.
 
-Known limit: when an interceptor makes a request larger by k bytes, the client believes
-for a moment that the backend's connection window is k bytes larger than it is. A client
-that fills the whole window at that instant could overrun it. CRI traffic from kubelet is
-small requests, so this is documented rather than solved with extra buffering.
+Known limit: the relay credits a held request's bytes back to the client at once, so
+until the backend returns credit for the (possibly larger) request sent on, the client
+believes the backend's connection window to be up to that request's size larger than
+it is. A client that fills the whole window at that instant could overrun it. CRI
+traffic from kubelet is small requests, so this is documented rather than solved with
+extra buffering.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import structlog
 
 from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.grpc_wire import status_frame
+from runtimeproxy.relay.hpack_cache import CachingDecoder
 from runtimeproxy.relay.interceptor import CallContext, CallInterceptor, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo, MethodTable
 from runtimeproxy.relay.streams import Stream
@@ -110,7 +113,7 @@ class _Direction:
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.pending = b""
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.decoder = CachingDecoder(max_header_list_size=MAX_HEADER_LIST)
         # Header block being collected across HEADERS and CONTINUATION frames.
         self.block: list[bytes] | None = None
         self.block_stream = 0
@@ -176,7 +179,8 @@ class RelayConnection:
         self.upstream_transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self.ended_by_relay: set[int] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()  # cancelled when the connection goes
+        self.after_tasks: set[asyncio.Task[None]] = set()  # owed to the interceptor: never cancelled
         self.preface_left = len(frames.PREFACE)
         # Client bytes that came before the backend connection was settled.
         self.early: list[bytes] | None = []
@@ -184,6 +188,7 @@ class RelayConnection:
         self.last_client_stream = 0
         self.closing = False
         self.route_service_is_image = False
+        self.own_settings_acks = 0  # client SETTINGS ACKs that answer the relay's own SETTINGS
         # Flow control towards the backend, for sending changed requests.
         self.up_conn_window = frames.DEFAULT_WINDOW
         self.up_initial_window = frames.DEFAULT_WINDOW
@@ -202,6 +207,12 @@ class RelayConnection:
             self.client_transport = self.u2c.transport = transport
             if not self.options.backends.split:
                 self._keep(asyncio.get_running_loop().create_task(self._connect_upstream()))
+            else:
+                # Clients wait for the server's SETTINGS before their first call, and the
+                # backend is chosen by that call: speak first with SETTINGS that change
+                # nothing, and keep the client's ACK of it from the backend.
+                transport.write(frames.settings())
+                self.own_settings_acks = 1
         else:
             self.upstream_transport = self.c2u.transport = transport
 
@@ -345,6 +356,9 @@ class RelayConnection:
             return self._header_fragment(self.c2u, ftype, flags, sid, data, start, end, self._client_headers)
         if ftype == frames.RST_STREAM:
             return self._client_reset(sid)
+        if ftype == frames.SETTINGS and flags & frames.FLAG_ACK and self.own_settings_acks:
+            self.own_settings_acks -= 1
+            return b""
         if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
             table = frames.parse_settings(data[start:end]).get(frames.SETTINGS_HEADER_TABLE_SIZE)
             if table is not None:
@@ -475,20 +489,24 @@ class RelayConnection:
             self._send_request(stream, grpc_wire.encode_message(request))
 
     def _send_request(self, stream: Stream, body: bytes) -> None:
-        stream.pending_out = frames.data_frames(stream.id, body, self.up_max_frame, end_stream=True)
+        stream.pending_out = body
+        stream.sending = True
         self.client_credit_debt += len(body)
         self._send_pending(stream)
 
     def _send_pending(self, stream: Stream) -> None:
-        while stream.pending_out:
-            chunk = stream.pending_out[0]
-            length = len(chunk) - frames.HEADER_LEN
-            if length > min(self.up_conn_window, stream.up_window):
+        """Send as much of a changed request as the backend's windows allow, ending the stream."""
+        while stream.sending:
+            size = min(len(stream.pending_out), self.up_conn_window, stream.up_window, self.up_max_frame)
+            if size <= 0 and stream.pending_out:
                 return  # resumed by the backend's next WINDOW_UPDATE
-            stream.pending_out.pop(0)
-            self.up_conn_window -= length
-            stream.up_window -= length
-            self.c2u.inject(chunk)
+            chunk, stream.pending_out = stream.pending_out[:size], stream.pending_out[size:]
+            self.up_conn_window -= size
+            stream.up_window -= size
+            end = frames.FLAG_END_STREAM if not stream.pending_out else 0
+            self.c2u.inject(frames.frame(frames.DATA, end, stream.id, chunk))
+            if end:
+                stream.sending = False
 
     # -- backend -> client -----------------------------------------------------------------
 
@@ -576,7 +594,7 @@ class RelayConnection:
 
     def _resume_pending_sends(self) -> None:
         for stream in self.streams.values():
-            if stream.pending_out:
+            if stream.sending:
                 self._send_pending(stream)
 
     def _start_after(self, stream: Stream, code: int, message: str) -> None:
@@ -588,7 +606,9 @@ class RelayConnection:
                 response = messages[0].body
         outcome = CallOutcome(code=code, message=message, response=response)
         coro = self.options.interceptor.after(stream.call, stream.request, outcome)
-        self._keep(asyncio.get_running_loop().create_task(_guarded(coro, stream.method.path)))
+        task = asyncio.get_running_loop().create_task(_guarded(coro, stream.method.path))
+        self.after_tasks.add(task)
+        task.add_done_callback(self.after_tasks.discard)
 
     # -- header blocks -----------------------------------------------------------------------
 
@@ -623,7 +643,7 @@ class RelayConnection:
 
     def _decode(self, d: _Direction, block: bytes) -> list[tuple[str, str]]:
         try:
-            return _text_headers(d.decoder.decode(block))
+            return d.decoder.decode(block)
         except hpack.HPACKError as exc:
             # The peers' own decoders will fail on this too; the connection cannot go on.
             log.error("undecodable header block; closing connection", error=str(exc))
@@ -650,6 +670,11 @@ class RelayConnection:
     def _finish(self, stream: Stream, code: int, message: str) -> None:
         if self.streams.pop(stream.id, None) is None:
             return
+        if stream.sending:
+            # Never sent, so the backend will never credit these bytes back.
+            self.client_credit_debt -= len(stream.pending_out)
+            stream.pending_out = b""
+            stream.sending = False
         self.options.observer(stream.method, code, message, time.perf_counter() - stream.started)
         if stream.after_due:
             stream.after_due = False
@@ -672,11 +697,6 @@ class RelayConnection:
         return len(self.streams)
 
 
-def _text_headers(headers: Any) -> list[tuple[str, str]]:
-    # hpack decodes to str by default; its type hints also allow bytes.
-    return [(str(name), str(value)) for name, value in headers]
-
-
 def first_call_path(data: bytes) -> str | None:
     """The :path of the first call in the opening bytes of a client connection, if complete."""
     pos = len(frames.PREFACE)
@@ -693,7 +713,7 @@ def first_call_path(data: bytes) -> str | None:
             block += payload
         if ftype in (frames.HEADERS, frames.CONTINUATION) and flags & frames.FLAG_END_HEADERS:
             # A fresh decoder is right here: this is the connection's first header block.
-            headers = _text_headers(hpack.Decoder(max_header_list_size=MAX_HEADER_LIST).decode(block))
+            headers = CachingDecoder(max_header_list_size=MAX_HEADER_LIST).decode(block)
             return next((v for k, v in headers if k == ":path"), "")
         pos = end
     return None
@@ -726,29 +746,34 @@ class _BackendDown:
         self.reason = reason
         self.preface_left = len(frames.PREFACE)
         self.pending = b""
-        conn.u2c.write(frames.settings())
+        self.answered: list[int] = []
+        if not conn.own_settings_acks:  # in split mode the relay has sent SETTINGS already
+            conn.u2c.write(frames.settings())
 
     def feed(self, data: bytes) -> None:
         take = min(self.preface_left, len(data))
         self.preface_left -= take
         data = self.pending + data[take:]
-        answered = 0
         pos = 0
         while len(data) - pos >= frames.HEADER_LEN:
             high, low, ftype, flags, sid = frames.FRAME_HEADER.unpack_from(data, pos)
             end = pos + frames.HEADER_LEN + ((high << 8) | low)
             if end > len(data):
                 break
-            answered += self._frame(ftype, flags, sid & frames.MAX_STREAM_ID, data[pos + frames.HEADER_LEN : end])
+            self._frame(ftype, flags, sid & frames.MAX_STREAM_ID, data[pos + frames.HEADER_LEN : end])
             pos = end
         self.pending = data[pos:]
-        if answered:
-            self.conn.u2c.write(frames.goaway(self.conn.last_client_stream))
+        if self.answered:
+            # GOAWAY first, so the client opens no further call on this connection before
+            # it sees the statuses; its next call reconnects and the backend is tried again.
+            out = [frames.goaway(max(self.answered))]
+            out += [status_frame(sid, grpc_wire.UNAVAILABLE, self.reason, trailers_only=True) for sid in self.answered]
+            self.conn.u2c.write(b"".join(out))
             self.conn.closing = True
             if self.conn.client_transport is not None:
                 self.conn.client_transport.close()
 
-    def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> int:
+    def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
         out = self.conn.u2c
         if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
             out.write(frames.settings_ack())
@@ -756,6 +781,4 @@ class _BackendDown:
             out.write(frames.frame(frames.PING, frames.FLAG_ACK, 0, payload))
         elif ftype == frames.HEADERS and sid > self.conn.last_client_stream:
             self.conn.last_client_stream = sid
-            out.write(status_frame(sid, grpc_wire.UNAVAILABLE, self.reason, trailers_only=True))
-            return 1
-        return 0
+            self.answered.append(sid)

@@ -27,6 +27,7 @@ class Stream:
         "response_body",
         "response_headers_seen",
         "response_sizer",
+        "sending",
         "started",
         "up_window",
     )
@@ -55,6 +56,7 @@ class Stream:
         self.before_task: asyncio.Task[None] | None = None
         # Set once the request went on: ``after`` is then owed however the call ends.
         self.after_due = False
-        # DATA frames of a changed request still waiting for backend flow-control credit.
-        self.pending_out: list[bytes] = []
+        # The part of a changed request still waiting for backend flow-control credit.
+        self.pending_out = b""
+        self.sending = False
         self.up_window = 0
