@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import re
 import signal
 import sys
+from typing import ClassVar
 
 import click
 import structlog
 import uvloop
 
 from runtimeproxy import __version__
-from runtimeproxy.demo import demo_command
 from runtimeproxy.dispatch.interceptor import DEFAULT_SKIP_LABEL
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS, HookLayer, HookSettings
 from runtimeproxy.endpoints import EndpointError, socket_path
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
 from runtimeproxy.metrics import CallMetrics, start_metrics_server
-from runtimeproxy.play.command import play_command
 from runtimeproxy.sdnotify import Watchdog, notify
 from runtimeproxy.server import DEFAULT_MAX_MESSAGE, ProxyServer, ProxySettings
 
@@ -54,7 +54,27 @@ def _endpoint_option(ctx: click.Context, param: click.Parameter, value: str | No
         raise click.BadParameter(str(exc)) from exc
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """Imports a tool's module only when it runs, so the daemon never loads them."""
+
+    LAZY: ClassVar[dict[str, str]] = {
+        "play": "runtimeproxy.play.command:play_command",
+        "demo": "runtimeproxy.demo:demo_command",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self.LAZY.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, _, name = target.partition(":")
+        command: click.Command = getattr(importlib.import_module(module), name)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="runtime-proxy")
 def cli() -> None:
     """A CRI proxy for Kubernetes nodes.
@@ -229,8 +249,6 @@ async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_a
     return 0
 
 
-cli.add_command(play_command)
-cli.add_command(demo_command)
 
 
 def main() -> None:
