@@ -216,7 +216,8 @@ def serve(
     )
     try:
         code = uvloop.run(_serve(settings, hooks, metrics_address))
-    except AlreadyServing as exc:
+    except (AlreadyServing, OSError, ValueError) as exc:
+        # Socket taken, metrics port in use, bad metrics address: say so and stop.
         log.error("refusing to start", reason=str(exc))
         click.echo(f"runtime-proxy: {exc}", err=True)
         sys.exit(1)
@@ -225,11 +226,16 @@ def serve(
 
 async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_address: str) -> int:
     metrics = CallMetrics()
-    metrics_server = start_metrics_server(metrics_address) if metrics_address else None
     hooks = HookLayer(hook_settings)
     server = ProxyServer(settings, interceptor=hooks.interceptor, metrics=metrics)
     await hooks.start()  # registrations are read before the first call can arrive
-    await server.start()
+    try:
+        await server.start()  # takes the socket's lock first: a second instance stops here
+        metrics_server = start_metrics_server(metrics_address) if metrics_address else None
+    except BaseException:
+        await server.shutdown(0)
+        await hooks.stop()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -34,25 +34,17 @@ class ProxySettings:
 class CallLog:
     """Logs and counts every finished call: lifecycle calls at info, the rest at debug.
 
-    A call the hook layer claims gets its info line from there (with the hooks' outcomes),
-    so it is not logged twice.
+    A call the hook layer has seen gets its info line from there (with the hooks'
+    outcomes), so it is not logged twice.
     """
 
-    def __init__(self, metrics: CallMetrics | None, interceptor: CallInterceptor) -> None:
+    def __init__(self, metrics: CallMetrics | None) -> None:
         self.metrics = metrics
-        self.interceptor = interceptor
-        self._info: dict[str, bool] = {}
 
-    def _at_info(self, method: MethodInfo) -> bool:
-        at_info = self._info.get(method.path)
-        if at_info is None:
-            at_info = self._info[method.path] = is_lifecycle(method) and not self.interceptor.intercepts(method)
-        return at_info
-
-    def __call__(self, method: MethodInfo, code: int, message: str, seconds: float) -> None:
+    def __call__(self, method: MethodInfo, code: int, message: str, seconds: float, hooks_logged: bool) -> None:
         if self.metrics is not None:
             self.metrics.record(method.path, code, seconds)
-        if self._at_info(method):
+        if is_lifecycle(method) and not hooks_logged:
             log.info(
                 "cri call",
                 method=method.name,
@@ -82,7 +74,7 @@ class ProxyServer:
             backends=Backends(settings.runtime_backend, settings.image_backend),
             methods=MethodTable(),
             interceptor=interceptor,
-            observer=CallLog(metrics, interceptor),
+            observer=CallLog(metrics),
             max_message_size=settings.max_message_size,
         )
         self.connections: set[RelayConnection] = set()

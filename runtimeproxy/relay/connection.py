@@ -43,7 +43,8 @@ from runtimeproxy.relay.streams import Stream
 
 log = structlog.get_logger("runtimeproxy.relay")
 
-CallObserver = Callable[[MethodInfo, int, str, float], None]
+# (method, gRPC code, message, seconds, whether the interceptor saw the call and logs it)
+CallObserver = Callable[[MethodInfo, int, str, float, bool], None]
 MAX_HEADER_LIST = 1 << 20
 _RST_CODES = {frames.REFUSED_STREAM: grpc_wire.UNAVAILABLE, frames.CANCEL: grpc_wire.CANCELLED}
 
@@ -675,7 +676,8 @@ class RelayConnection:
             self.client_credit_debt -= len(stream.pending_out)
             stream.pending_out = b""
             stream.sending = False
-        self.options.observer(stream.method, code, message, time.perf_counter() - stream.started)
+        seconds = time.perf_counter() - stream.started
+        self.options.observer(stream.method, code, message, seconds, stream.before_task is not None)
         if stream.after_due:
             stream.after_due = False
             self._start_after(stream, code, message)
@@ -782,3 +784,15 @@ class _BackendDown:
         elif ftype == frames.HEADERS and sid > self.conn.last_client_stream:
             self.conn.last_client_stream = sid
             self.answered.append(sid)
+            self._observe(flags, payload)
+
+    def _observe(self, flags: int, payload: bytes) -> None:
+        """Count and log the call like any other: it failed, and the operator must see it."""
+        block = bytes(frames.header_block_fragment(flags, payload))
+        try:
+            headers = self.conn.c2u.decoder.decode(block)
+        except hpack.HPACKError:
+            headers = []
+        path = next((value for name, value in headers if name == ":path"), "")
+        method = self.conn.options.methods.lookup(path)
+        self.conn.options.observer(method, grpc_wire.UNAVAILABLE, self.reason, 0.0, False)
