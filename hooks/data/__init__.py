@@ -1,0 +1,1 @@
+"""Package data of runtimeproxy.hooks: the default QoS policy (``default-policy.yaml``)."""
