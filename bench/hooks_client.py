@@ -1,0 +1,208 @@
+"""Client process for hooks_bench.py: starts and removes pods, and probes a hook server.
+
+It reads one JSON job a line on stdin and answers each with one JSON line on stdout,
+until stdin closes (the protocol of relay_client.py, so relay_bench.Client drives it).
+Jobs:
+
+* {"op": "pods", "image", "pods": [{"socket", "uid", "name", "cgroup_parent",
+  "log_directory"}], "watch": {name: pid}}: for each pod in turn, through that pod's
+  socket (containerd's or a proxy's), RunPodSandbox + CreateContainer + StartContainer
+  (host network), each step timed; then, in the same order and through the same sockets,
+  StopContainer + RemoveContainer + StopPodSandbox + RemovePodSandbox, timed as one
+  sequence. Answers, per pod, the step times, the sequence time, and the CPU time the
+  watched processes used during its start and during its teardown.
+* {"op": "probe", "socket", "calls", "warmup", "gap"}: PreCreateContainerHook on a hook
+  server, `calls` timed calls one after another (with `gap` seconds of idle between
+  them, if given) after `warmup` untimed ones, serialised and decoded as the proxy's
+  dispatcher does; answers each call's latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import grpc
+import grpc.aio
+from hooks_server import PROBE_KEY  # bench/ is on sys.path when run as a script
+from relay_client import process_cpu_seconds
+
+from runtimeproxy.api.runtime.v1 import api_pb2 as pb
+from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
+
+CRI = "/runtime.v1.RuntimeService/"
+HOOK_SERVICE = "/runtime.v1alpha1.RuntimeHookService/"
+CRI_TIMEOUT = 120.0  # kubelet's default runtime request timeout: it always sets a deadline
+MAX_MESSAGE = 16 * 1024 * 1024
+
+
+class Cri:
+    """The RuntimeService calls the bench makes, with decoded messages."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+
+    async def __call__(self, method: str, request: Any, response_type: Any) -> Any:
+        call = self.channel.unary_unary(CRI + method, request_serializer=_serialize,
+                                        response_deserializer=response_type.FromString)
+        return await call(request, timeout=CRI_TIMEOUT)
+
+
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
+
+
+def sandbox_config(pod: dict[str, str]) -> Any:
+    return pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=pod["name"], uid=pod["uid"], namespace="hooks-bench"),
+        hostname="",  # runc may not set a hostname without a private UTS namespace
+        log_directory=pod["log_directory"],
+        labels={"app": "hooks-bench", "io.kubernetes.pod.name": pod["name"]},
+        annotations={"kubernetes.io/config.source": "api"},
+        linux=pb.LinuxPodSandboxConfig(
+            cgroup_parent=pod["cgroup_parent"],
+            security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=pb.NODE)),
+        ),
+    )
+
+
+async def start_pod(cri: Cri, pod: dict[str, str], image: str) -> tuple[str, str, list[float]]:
+    """RunPodSandbox, CreateContainer, StartContainer: (pod id, container id, step seconds)."""
+    clock = time.perf_counter
+    config = sandbox_config(pod)
+    container = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="sleeper"),
+        image=pb.ImageSpec(image=image),  # its default command is a long sleep
+        log_path="sleeper.log",
+        envs=[pb.KeyValue(key="BENCH", value=b"hooks")],
+        annotations={"io.kubernetes.container.name": "sleeper"},
+    )
+    t0 = clock()
+    pod_id = (await cri("RunPodSandbox", pb.RunPodSandboxRequest(config=config),
+                        pb.RunPodSandboxResponse)).pod_sandbox_id
+    t1 = clock()
+    request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=container, sandbox_config=config)
+    container_id = (await cri("CreateContainer", request, pb.CreateContainerResponse)).container_id
+    t2 = clock()
+    await cri("StartContainer", pb.StartContainerRequest(container_id=container_id), pb.StartContainerResponse)
+    t3 = clock()
+    return pod_id, container_id, [t1 - t0, t2 - t1, t3 - t2]
+
+
+async def remove_pod(cri: Cri, pod_id: str, container_id: str) -> float:
+    """StopContainer (SIGKILL at once), RemoveContainer, StopPodSandbox, RemovePodSandbox, as
+    kubelet orders them; returns the seconds of the sequence."""
+    began = time.perf_counter()
+    await cri("StopContainer", pb.StopContainerRequest(container_id=container_id, timeout=0),
+              pb.StopContainerResponse)
+    await cri("RemoveContainer", pb.RemoveContainerRequest(container_id=container_id), pb.RemoveContainerResponse)
+    await cri("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), pb.StopPodSandboxResponse)
+    await cri("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), pb.RemovePodSandboxResponse)
+    return time.perf_counter() - began
+
+
+def cpu_snapshot(watch: dict[str, int]) -> dict[str, float]:
+    return {name: sum(process_cpu_seconds(pid)) for name, pid in watch.items()}
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before[name] for name in before}
+
+
+async def run_pods(job: dict[str, Any]) -> dict[str, Any]:
+    """Start every pod of the job in its order, each through its own socket, then stop and
+    remove them in the same order through the same sockets."""
+    watch: dict[str, int] = job.get("watch", {})
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
+    channels = {path: grpc.aio.insecure_channel(f"unix://{path}", options=options)
+                for path in {pod["socket"] for pod in job["pods"]}}
+    clients = {path: Cri(channel) for path, channel in channels.items()}
+    started: list[tuple[Cri, str, str]] = []
+    steps: list[list[float]] = []
+    cpu_start: list[dict[str, float]] = []
+    teardown: list[float] = []
+    cpu_teardown: list[dict[str, float]] = []
+    try:
+        for cri in clients.values():
+            await cri("Version", pb.VersionRequest(version="v1"), pb.VersionResponse)  # connect first
+        for pod in job["pods"]:
+            cri = clients[pod["socket"]]
+            before = cpu_snapshot(watch)
+            pod_id, container_id, times = await start_pod(cri, pod, job["image"])
+            cpu_start.append(cpu_used(before, cpu_snapshot(watch)))
+            started.append((cri, pod_id, container_id))
+            steps.append(times)
+        while started:
+            before = cpu_snapshot(watch)
+            teardown.append(await remove_pod(*started[0]))
+            cpu_teardown.append(cpu_used(before, cpu_snapshot(watch)))
+            started.pop(0)
+    finally:
+        for cri, pod_id, _ in started:  # after an error: leave nothing running (untimed)
+            try:
+                await cri("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), pb.StopPodSandboxResponse)
+                await cri("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id),
+                          pb.RemovePodSandboxResponse)
+            except grpc.RpcError:
+                pass  # the test bed's own clean-up removes whatever is left
+        for channel in channels.values():
+            await channel.close(None)
+    return {"steps": steps, "teardown": teardown, "cpu_start": cpu_start, "cpu_teardown": cpu_teardown}
+
+
+def probe_request() -> Any:
+    """A PreCreateContainerHook request shaped like the proxy's for the bench's pods."""
+    return hook.ContainerResourceHookRequest(
+        pod_meta=hook.PodSandboxMetadata(name="hooks-bench-probe", uid="0" * 32, namespace="hooks-bench"),
+        container_meta=hook.ContainerMetadata(name="sleeper"),
+        container_annotations={"io.kubernetes.container.name": "sleeper"},
+        pod_annotations={"kubernetes.io/config.source": "api"},
+        pod_labels={"app": "hooks-bench", "io.kubernetes.pod.name": "hooks-bench-probe"},
+        pod_cgroup_parent="/kubepods/besteffort/pod" + "0" * 32,
+        container_envs={"BENCH": "hooks"},
+        container_env_list=[hook.KeyValue(key="BENCH", value=b"hooks")],
+        pod_sandbox_id="f" * 64,
+    )
+
+
+async def run_probe(job: dict[str, Any]) -> dict[str, Any]:
+    async with grpc.aio.insecure_channel(f"unix://{job['socket']}") as channel:
+        call = channel.unary_unary(HOOK_SERVICE + "PreCreateContainerHook", request_serializer=_serialize,
+                                   response_deserializer=hook.ContainerResourceHookResponse.FromString)
+        request = probe_request()
+        metadata = ((PROBE_KEY, "1"),)
+        clock = time.perf_counter
+        latencies = []
+        for n in range(job["warmup"] + job["calls"]):
+            began = clock()
+            await call(request, timeout=2.0, metadata=metadata)  # 2 s: the proxy's default hook timeout
+            if n >= job["warmup"]:
+                latencies.append(clock() - began)
+                if job.get("gap"):
+                    await asyncio.sleep(job["gap"])
+    return {"latencies": latencies}
+
+
+async def serve_jobs() -> None:
+    loop = asyncio.get_running_loop()
+    ops = {"pods": run_pods, "probe": run_probe}
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        try:
+            job = json.loads(line)
+            answer = await ops[job["op"]](job)
+        except grpc.RpcError as err:
+            answer = {"error": f"{err.code()}: {err.details()}"}
+        except Exception as err:  # reported to the parent, which stops the bench
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    asyncio.run(serve_jobs())
