@@ -1,0 +1,462 @@
+"""Node-side cgroup access for runtime-hooks plugins: find a pod's or container's cgroup and
+read or write its files, on cgroup v1 or v2, without ever leaving the cgroup root.
+
+Where things are (``root`` is ``--cgroup-root``, default ``/sys/fs/cgroup``):
+
+* **Version** (:func:`detect_version`): v2 when ``root/cgroup.controllers`` exists (the
+  unified hierarchy's root has it); v1 when ``root`` holds per-controller hierarchies
+  (``cpu/``, ``memory/``, ``cpu,cpuacct/``...). A hybrid mount (v1 controllers plus
+  ``root/unified``) counts as v1: the resource controllers live in the v1 hierarchies.
+* **Pod cgroup** (:func:`parent_path`): the CRI ``cgroup_parent`` the kubelet sends. The
+  cgroupfs form is a path, ``/kubepods/burstable/pod<uid>``. The systemd form is a single
+  slice name, ``kubepods-burstable-pod<uid>.slice``, which systemd nests by its dashes:
+  ``kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice``. A parent
+  that already is a nested path is taken as it is.
+* **Container cgroup** (:meth:`CgroupFS.container_dir_names`): a child of the pod cgroup,
+  named by the runtime: ``<id>`` (containerd, cgroupfs driver), ``cri-containerd-<id>.scope``
+  (containerd, systemd driver), ``crio-<id>`` / ``crio-<id>.scope`` (CRI-O), ``docker-<id>.scope``.
+  The first name that exists wins; ``--cgroup-driver`` only decides which is tried first
+  (and which is reported when none exists yet).
+* **Directory**: v1 ``root/<controller>/<pod>/<container>``, v2 ``root/<pod>/<container>``
+  (the controller only picks file names there).
+
+Safety: parents, container ids, controller and file names are checked before any path is
+built: no ``..`` or ``.`` segment, no NUL, ids and file names without ``/``. Then the full
+path is resolved (symlinks followed) and must still lie under the resolved root; v1's
+``cpu -> cpu,cpuacct`` links stay inside and are fine, a link out of the root is refused
+with :class:`CgroupPathError`. Files are opened with ``O_NOFOLLOW``; a write is one
+``write(2)``, as the kernel wants for cgroup files.
+
+File names differ between versions; :data:`FILES` maps the settings plugins use to each
+version's file, and the ``set_*`` helpers write the right file in the right format::
+
+    setting        v1                              v2
+    cpu quota      cpu.cfs_quota_us + _period_us   cpu.max  ("<quota>|max <period>")
+    cpu shares     cpu.shares (2..262144)          cpu.weight (1..10000, converted)
+    cpu burst      cpu.cfs_burst_us                cpu.max.burst
+    cpu idle       cpu.idle                        cpu.idle
+    group id       cpu.bvt_warp_ns (Anolis)        cpu.bvt_warp_ns (Anolis)
+    memory         memory.soft_limit_in_bytes      memory.min / memory.low / memory.high
+
+A helper for a file the kernel does not have (``cpu.cfs_burst_us`` before Linux 5.14,
+``cpu.bvt_warp_ns`` outside Anolis, ``memory.min`` on v1) raises :class:`CgroupUnsupported`;
+ask :meth:`CgroupFS.has_file` first to skip quietly.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Final, Literal
+
+__all__ = [
+    "CGROUP_ROOT",
+    "CONTAINER_DIR_FORMATS",
+    "DRIVERS",
+    "FILES",
+    "MAX_SHARES",
+    "MIN_SHARES",
+    "CgroupDriver",
+    "CgroupError",
+    "CgroupFS",
+    "CgroupPathError",
+    "CgroupUnsupported",
+    "CgroupVersion",
+    "detect_version",
+    "expand_slice",
+    "parent_path",
+    "shares_to_weight",
+    "weight_to_shares",
+]
+
+CGROUP_ROOT: Final = "/sys/fs/cgroup"
+
+CgroupDriver = Literal["cgroupfs", "systemd"]
+DRIVERS: Final[tuple[CgroupDriver, ...]] = ("cgroupfs", "systemd")
+
+# kubelet's bounds for cpu.shares (pkg/kubelet/cm: MinShares, MaxShares).
+MIN_SHARES: Final = 2
+MAX_SHARES: Final = 262144
+_MAX_WEIGHT: Final = 10000
+
+# Controllers whose v1 hierarchy directory tells a v1 root apart from a random directory.
+_V1_MARKERS: Final = ("cpu", "cpu,cpuacct", "cpuacct,cpu", "memory", "cpuset", "pids", "blkio")
+
+_CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}", re.ASCII)
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}", re.ASCII)
+_CONTROLLER = re.compile(r"[a-z0-9_]+(?:,[a-z0-9_]+)*", re.ASCII)
+_NAME_MAX: Final = 255
+
+
+class CgroupVersion(enum.IntEnum):
+    V1 = 1
+    V2 = 2
+
+
+class CgroupError(Exception):
+    """Base class of the errors this module raises on purpose (OSErrors from the kernel pass through)."""
+
+
+class CgroupPathError(CgroupError, ValueError):
+    """A parent, container id, controller or file name that is malformed or would leave the cgroup root."""
+
+
+class CgroupUnsupported(CgroupError):
+    """Not a cgroup mount, or the file a setting needs does not exist in this version or kernel."""
+
+
+# --- which file holds what -----------------------------------------------------------------
+
+#: setting -> (v1 file, v2 file); None: the version has no such file.
+FILES: Final[Mapping[str, tuple[str | None, str | None]]] = MappingProxyType(
+    {
+        "cpu.quota": ("cpu.cfs_quota_us", "cpu.max"),
+        "cpu.period": ("cpu.cfs_period_us", "cpu.max"),
+        "cpu.shares": ("cpu.shares", "cpu.weight"),
+        "cpu.burst": ("cpu.cfs_burst_us", "cpu.max.burst"),
+        "cpu.idle": ("cpu.idle", "cpu.idle"),
+        "cpu.bvt_warp_ns": ("cpu.bvt_warp_ns", "cpu.bvt_warp_ns"),
+        "cpuset.cpus": ("cpuset.cpus", "cpuset.cpus"),
+        "cpuset.mems": ("cpuset.mems", "cpuset.mems"),
+        "memory.limit": ("memory.limit_in_bytes", "memory.max"),
+        "memory.soft_limit": ("memory.soft_limit_in_bytes", None),
+        "memory.min": (None, "memory.min"),
+        "memory.low": (None, "memory.low"),
+        "memory.high": (None, "memory.high"),
+        "memory.wmark_ratio": ("memory.wmark_ratio", "memory.wmark_ratio"),
+        "memory.wmark_scale_factor": ("memory.wmark_scale_factor", "memory.wmark_scale_factor"),
+        "memory.wmark_min_adj": ("memory.wmark_min_adj", "memory.wmark_min_adj"),
+    }
+)
+
+#: Container directory names by runtime, "{id}" replaced; see CgroupFS.container_dir_names.
+CONTAINER_DIR_FORMATS: Final[Mapping[CgroupDriver, tuple[str, ...]]] = MappingProxyType(
+    {
+        "cgroupfs": ("{id}", "crio-{id}", "cri-containerd-{id}.scope", "crio-{id}.scope", "docker-{id}.scope"),
+        "systemd": ("cri-containerd-{id}.scope", "crio-{id}.scope", "docker-{id}.scope", "{id}", "crio-{id}"),
+    }
+)
+
+# v1 "no limit" for memory.*_in_bytes: PAGE_COUNTER_MAX pages, as the kernel prints it (4 KiB pages).
+_V1_UNLIMITED = "-1"
+
+
+def shares_to_weight(shares: int) -> int:
+    """cpu.shares (2..262144) as cpu.weight (1..10000), the linear mapping runc and the kubelet use."""
+    shares = min(max(shares, MIN_SHARES), MAX_SHARES)
+    return 1 + ((shares - MIN_SHARES) * (_MAX_WEIGHT - 1)) // (MAX_SHARES - MIN_SHARES)
+
+
+def weight_to_shares(weight: int) -> int:
+    """The smallest cpu.shares that shares_to_weight maps to ``weight``: its inverse on 1..10000."""
+    weight = min(max(weight, 1), _MAX_WEIGHT)
+    return MIN_SHARES - (-((weight - 1) * (MAX_SHARES - MIN_SHARES)) // (_MAX_WEIGHT - 1))
+
+
+# --- versions and paths ----------------------------------------------------------------------
+
+
+def detect_version(root: str | os.PathLike[str]) -> CgroupVersion:
+    """The cgroup version mounted at ``root``; CgroupUnsupported if it looks like neither."""
+    base = Path(root)
+    if (base / "cgroup.controllers").is_file():
+        return CgroupVersion.V2
+    if any((base / name).is_dir() for name in _V1_MARKERS):
+        return CgroupVersion.V1
+    raise CgroupUnsupported(
+        f"{base} is not a cgroup mount: no cgroup.controllers (v2) and no controller directories such as cpu/ (v1)"
+    )
+
+
+def expand_slice(name: str) -> list[str]:
+    """The nested directories of a systemd slice: ``a-b-c.slice`` -> ``[a.slice, a-b.slice, a-b-c.slice]``.
+
+    ``-.slice`` is the root slice (no directory). A name with an empty dash-separated part
+    (``a--b.slice``, ``-a.slice``) is not a valid slice: CgroupPathError.
+    """
+    if not name.endswith(".slice"):
+        raise CgroupPathError(f"{name!r} is not a systemd slice name (ends in .slice)")
+    if name == "-.slice":
+        return []
+    parts = name[: -len(".slice")].split("-")
+    if any(part == "" for part in parts):
+        raise CgroupPathError(f"invalid systemd slice name {name!r}: empty part between dashes")
+    return ["-".join(parts[: i + 1]) + ".slice" for i in range(len(parts))]
+
+
+def parent_path(parent: str) -> str:
+    """A CRI cgroup parent as a path relative to the hierarchy root ("" for the root itself).
+
+    A single segment ending in ``.slice`` is a systemd slice and is nested (expand_slice);
+    anything else is a cgroupfs path whose leading ``/`` means the hierarchy root.
+    CgroupPathError for NUL, ``.`` or ``..`` segments, or an over-long segment.
+    """
+    if not isinstance(parent, str):
+        raise CgroupPathError(f"cgroup parent must be a string, got {type(parent).__name__}")
+    if "\0" in parent:
+        raise CgroupPathError(f"cgroup parent {parent!r} contains NUL")
+    segments = [segment for segment in parent.split("/") if segment]
+    for segment in segments:
+        if segment in (".", ".."):
+            raise CgroupPathError(f"cgroup parent {parent!r} has a {segment!r} segment")
+        if len(os.fsencode(segment)) > _NAME_MAX:
+            raise CgroupPathError(f"cgroup parent {parent!r} has a segment longer than {_NAME_MAX} bytes")
+    if len(segments) == 1 and segments[0].endswith(".slice"):
+        segments = expand_slice(segments[0])
+    return "/".join(segments)
+
+
+def _check_container_id(container_id: str) -> str:
+    if not isinstance(container_id, str) or not _CONTAINER_ID.fullmatch(container_id):
+        raise CgroupPathError(f"invalid container id {container_id!r} (letters, digits, '_', '.', '-'; no '/')")
+    return container_id
+
+
+def _check_file(name: str) -> str:
+    if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+        raise CgroupPathError(f"invalid cgroup file name {name!r} (letters, digits, '_', '.', '-'; no '/')")
+    return name
+
+
+def _check_controller(controller: str) -> str:
+    if not isinstance(controller, str) or not _CONTROLLER.fullmatch(controller):
+        raise CgroupPathError(f"invalid cgroup controller {controller!r} (e.g. cpu, memory, cpu,cpuacct)")
+    return controller
+
+
+def _format(value: str | int | bytes) -> bytes:
+    if isinstance(value, bool):
+        raise TypeError("cgroup values are numbers or strings, not booleans (write 1 or 0)")
+    if isinstance(value, int):
+        return str(value).encode()
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes):
+        return value
+    raise TypeError(f"cgroup values are str, int or bytes, got {type(value).__name__}")
+
+
+class CgroupFS:
+    """The cgroup hierarchy at ``root``, for ``driver`` (``cgroupfs`` or ``systemd``); see the module doc.
+
+    The version is detected on first use (CgroupUnsupported if ``root`` is no cgroup mount)
+    and cached; pass ``version`` to skip detection. Methods take the pod's CRI cgroup parent
+    and optionally a container id; ``controller`` picks the v1 hierarchy (ignored on v2).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = CGROUP_ROOT,
+        driver: CgroupDriver = "cgroupfs",
+        *,
+        version: CgroupVersion | None = None,
+    ) -> None:
+        if driver not in DRIVERS:
+            raise ValueError(f"cgroup driver must be one of {', '.join(DRIVERS)}, got {driver!r}")
+        self.root = Path(root)
+        self.driver: CgroupDriver = driver
+        self._version = version
+
+    def __repr__(self) -> str:
+        return f"CgroupFS(root={str(self.root)!r}, driver={self.driver!r})"
+
+    @property
+    def version(self) -> CgroupVersion:
+        if self._version is None:
+            self._version = detect_version(self.root)
+        return self._version
+
+    def available(self) -> bool:
+        """True when ``root`` is a cgroup v1 or v2 mount."""
+        try:
+            self.version  # noqa: B018 - detection is the point
+        except CgroupUnsupported:
+            return False
+        return True
+
+    def file_name(self, setting: str) -> str:
+        """The file that holds ``setting`` (a key of FILES) in this version; CgroupUnsupported if none."""
+        try:
+            v1, v2 = FILES[setting]
+        except KeyError:
+            raise ValueError(f"unknown cgroup setting {setting!r} (known: {', '.join(FILES)})") from None
+        name = v1 if self.version is CgroupVersion.V1 else v2
+        if name is None:
+            raise CgroupUnsupported(f"cgroup v{int(self.version)} has no file for {setting}")
+        return name
+
+    def container_dir_names(self, container_id: str) -> tuple[str, ...]:
+        """The names a runtime may give the container's cgroup under its pod's, driver's first."""
+        _check_container_id(container_id)
+        return tuple(fmt.format(id=container_id) for fmt in CONTAINER_DIR_FORMATS[self.driver])
+
+    # -- paths --
+
+    def path(self, controller: str, parent: str, container_id: str | None = None, file: str | None = None) -> Path:
+        """The cgroup directory (or ``file`` in it) of the pod ``parent`` / its container.
+
+        Raises CgroupPathError for malformed input or a path that resolves outside the root.
+        The path need not exist; for a container, the first existing runtime naming wins.
+        """
+        _check_controller(controller)
+        base = self.root / controller if self.version is CgroupVersion.V1 else self.root
+        relative = parent_path(parent)
+        directory = base / relative if relative else base
+        if container_id is not None:
+            names = self.container_dir_names(container_id)
+            directory = next((directory / name for name in names if (directory / name).is_dir()), directory / names[0])
+        target = directory / _check_file(file) if file is not None else directory
+        self._check_inside(target)
+        return target
+
+    def _check_inside(self, target: Path) -> None:
+        real_root = os.path.realpath(self.root)
+        real = os.path.realpath(target)
+        if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+            raise CgroupPathError(f"{target} resolves to {real}, outside the cgroup root {real_root}")
+
+    def exists(self, parent: str, container_id: str | None = None, controller: str = "cpu") -> bool:
+        """Whether the pod's (or container's) cgroup directory exists."""
+        return self.path(controller, parent, container_id).is_dir()
+
+    def has_file(self, controller: str, file: str, parent: str, container_id: str | None = None) -> bool:
+        """Whether the cgroup has ``file`` (kernel features show up as files)."""
+        return self.path(controller, parent, container_id, file).is_file()
+
+    # -- raw access --
+
+    def read(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str:
+        """The content of ``file``, surrounding whitespace stripped. OSError if it cannot be read."""
+        path = self.path(controller, parent, container_id, file)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        return b"".join(chunks).decode("utf-8", errors="replace").strip()
+
+    def write(
+        self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None
+    ) -> None:
+        """Write ``value`` to ``file`` with one write(2). The file must exist (cgroup files are never created)."""
+        data = _format(value)
+        path = self.path(controller, parent, container_id, file)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            written = os.write(fd, data)
+        finally:
+            os.close(fd)
+        if written != len(data):  # kernfs takes a write whole or fails it; anything else is a surprise
+            raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} bytes", str(path))
+
+    def _require(self, controller: str, file: str, parent: str, container_id: str | None) -> None:
+        if not self.has_file(controller, file, parent, container_id):
+            where = self.path(controller, parent, container_id)
+            if not where.is_dir():
+                raise FileNotFoundError(errno.ENOENT, "no such cgroup", str(where))
+            raise CgroupUnsupported(f"{where} has no {file} (not in this kernel or cgroup version)")
+
+    def _setting(self, controller: str, setting: str, parent: str, container_id: str | None) -> str:
+        name = self.file_name(setting)
+        self._require(controller, name, parent, container_id)
+        return name
+
+    # -- cpu --
+
+    def set_cpu_quota(self, parent: str, quota: int, period: int = 100000, container_id: str | None = None) -> None:
+        """CFS bandwidth: ``quota`` µs per ``period`` µs; quota <= 0 means no limit (-1 / "max")."""
+        if period <= 0:
+            raise ValueError(f"cpu period must be > 0 µs, got {period}")
+        if self.version is CgroupVersion.V2:
+            name = self._setting("cpu", "cpu.quota", parent, container_id)
+            self.write("cpu", name, f"{quota if quota > 0 else 'max'} {period}", parent, container_id)
+            return
+        quota_file = self._setting("cpu", "cpu.quota", parent, container_id)
+        period_file = self._setting("cpu", "cpu.period", parent, container_id)
+        # Period first, as runc does: the quota is then checked against the period it will run with.
+        self.write("cpu", period_file, period, parent, container_id)
+        self.write("cpu", quota_file, quota if quota > 0 else -1, parent, container_id)
+
+    def cpu_quota(self, parent: str, container_id: str | None = None) -> tuple[int, int]:
+        """(quota, period) in µs; quota -1 means no limit."""
+        if self.version is CgroupVersion.V2:
+            text = self.read("cpu", "cpu.max", parent, container_id).split()
+            if len(text) != 2:
+                raise CgroupError(f"unexpected cpu.max content {' '.join(text)!r}")
+            return (-1 if text[0] == "max" else int(text[0])), int(text[1])
+        quota = int(self.read("cpu", "cpu.cfs_quota_us", parent, container_id))
+        period = int(self.read("cpu", "cpu.cfs_period_us", parent, container_id))
+        return (quota if quota > 0 else -1), period
+
+    def set_cpu_shares(self, parent: str, shares: int, container_id: str | None = None) -> None:
+        """cpu.shares on v1; on v2 the equivalent cpu.weight (shares_to_weight)."""
+        if not MIN_SHARES <= shares <= MAX_SHARES:
+            raise ValueError(f"cpu shares must be {MIN_SHARES}..{MAX_SHARES}, got {shares}")
+        name = self._setting("cpu", "cpu.shares", parent, container_id)
+        value = shares if self.version is CgroupVersion.V1 else shares_to_weight(shares)
+        self.write("cpu", name, value, parent, container_id)
+
+    def cpu_shares(self, parent: str, container_id: str | None = None) -> int:
+        """cpu.shares on v1; on v2 the shares that cpu.weight stands for."""
+        value = int(self.read("cpu", self.file_name("cpu.shares"), parent, container_id))
+        return value if self.version is CgroupVersion.V1 else weight_to_shares(value)
+
+    def set_cpu_burst(self, parent: str, burst_us: int, container_id: str | None = None) -> None:
+        """cpu.cfs_burst_us (v1) / cpu.max.burst (v2), Linux 5.14+; CgroupUnsupported on older kernels."""
+        if burst_us < 0:
+            raise ValueError(f"cpu burst must be >= 0 µs, got {burst_us}")
+        name = self._setting("cpu", "cpu.burst", parent, container_id)
+        self.write("cpu", name, burst_us, parent, container_id)
+
+    def set_cpu_idle(self, parent: str, idle: bool, container_id: str | None = None) -> None:
+        """cpu.idle (Linux 5.15+): an idle cgroup's tasks run as SCHED_IDLE."""
+        name = self._setting("cpu", "cpu.idle", parent, container_id)
+        self.write("cpu", name, 1 if idle else 0, parent, container_id)
+
+    def set_group_identity(self, parent: str, bvt_warp_ns: int, container_id: str | None = None) -> None:
+        """cpu.bvt_warp_ns (-1..2), Anolis OS group identity; CgroupUnsupported elsewhere."""
+        if not -1 <= bvt_warp_ns <= 2:
+            raise ValueError(f"cpu.bvt_warp_ns must be -1..2, got {bvt_warp_ns}")
+        name = self._setting("cpu", "cpu.bvt_warp_ns", parent, container_id)
+        self.write("cpu", name, bvt_warp_ns, parent, container_id)
+
+    # -- memory --
+
+    def set_memory_protection(
+        self,
+        parent: str,
+        *,
+        min_bytes: int | None = None,
+        low_bytes: int | None = None,
+        high_bytes: int | None = None,
+        container_id: str | None = None,
+    ) -> None:
+        """cgroup v2 memory.min / memory.low / memory.high; None leaves a file alone, high -1 is "max".
+
+        CgroupUnsupported on v1 (use set_memory_soft_limit there).
+        """
+        if self.version is CgroupVersion.V1:
+            raise CgroupUnsupported("memory.min/low/high are cgroup v2 files; use set_memory_soft_limit on v1")
+        for setting, value in (("memory.min", min_bytes), ("memory.low", low_bytes), ("memory.high", high_bytes)):
+            if value is None:
+                continue
+            if value < 0 and not (setting == "memory.high" and value == -1):
+                raise ValueError(f"{setting} must be >= 0 bytes, got {value}")
+            name = self._setting("memory", setting, parent, container_id)
+            self.write("memory", name, "max" if value == -1 else value, parent, container_id)
+
+    def set_memory_soft_limit(self, parent: str, soft_limit: int | None, container_id: str | None = None) -> None:
+        """cgroup v1 memory.soft_limit_in_bytes; None removes the limit. CgroupUnsupported on v2."""
+        if self.version is CgroupVersion.V2:
+            raise CgroupUnsupported("memory.soft_limit_in_bytes is a cgroup v1 file; use set_memory_protection")
+        if soft_limit is not None and soft_limit < 0:
+            raise ValueError(f"soft limit must be >= 0 bytes, got {soft_limit}")
+        name = self._setting("memory", "memory.soft_limit", parent, container_id)
+        self.write("memory", name, _V1_UNLIMITED if soft_limit is None else soft_limit, parent, container_id)

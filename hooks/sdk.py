@@ -1,0 +1,1182 @@
+"""The plugin API of runtime-hooks: how a plugin says what it handles, what its handlers get,
+and how the server runs them.
+
+A plugin is a :class:`Plugin` object and plain functions registered on it::
+
+    from runtimeproxy.hooks.sdk import HookPoint, Plugin
+
+    plugin = Plugin("cpu", version="1.0", order=10, failure_policy="ignore", timeout=0.5)
+
+    @plugin.on(HookPoint.PRE_CREATE_CONTAINER, "PreUpdateContainerResources")
+    def limit(*, qos, container, response, **kwargs):
+        if qos == "BE":
+            response.resources.cpu_quota = 50000
+            response.env.set("QOS_CLASS", "BE")
+
+It is installed as an entry point of group ``runtimeproxy.hooks`` naming the object
+(``cpu = mypackage.cpu:plugin``) or a module with a ``plugin`` attribute; see
+:func:`discover_plugins`.
+
+**What a plugin handles follows from its handlers.** There is no separate subscription
+list: the hook points of its ``@plugin.on`` handlers are what the server registers with
+the proxy, and a hook point no enabled plugin handles answers UNIMPLEMENTED.
+
+**Handlers take keyword arguments only, and must accept ``**kwargs``** (checked when the
+handler is registered). The server passes every argument in :data:`HANDLER_KWARGS`; a
+handler names the ones it uses and lets ``**kwargs`` take the rest, so arguments added in
+later versions never break it. Sync and async functions both work; a sync handler runs in a
+worker thread so that a slow one cannot stall the server.
+
+**Each handler writes its own** :class:`HookResponse`. It is merged into the call's
+response only when the handler returns normally within its plugin's timeout and its changes
+pass the proxy's checks; otherwise the changes are discarded and the plugin's
+``failure_policy`` decides: ``"ignore"`` logs and counts the failure and the other plugins
+go on, ``"fail"`` fails the whole hook call (the proxy gets an error naming the plugin and
+the reason). Plugins run one after another in (``order``, ``name``) order, every one sees
+the request as the proxy sent it, and later plugins' changes win where two set the same
+thing. Calls about different pods may overlap, so one handler can run several times at
+once (sync ones in separate threads): guard state shared between calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import enum
+import functools
+import importlib.metadata
+import inspect
+import math
+import re
+import threading
+import time
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
+from runtimeproxy.dispatch import merge
+from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint, parse_hook_point
+from runtimeproxy.metrics import DURATION_BUCKETS
+
+from . import policy as policy_mod
+from .qos import QoSClass, QoSResolution, resolve_qos
+
+if TYPE_CHECKING:
+    from .cgroups import CgroupFS
+    from .resctrl import ResctrlFS
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "HANDLER_KWARGS",
+    "LIFECYCLE_KWARGS",
+    "RECONCILE_KWARGS",
+    "ContainerInfo",
+    "DiscoveryResult",
+    "EnvChanges",
+    "FailurePolicy",
+    "Handler",
+    "HookCallFailed",
+    "HookKind",
+    "HookPoint",
+    "HookResponse",
+    "HugepageLimit",
+    "LoadFailure",
+    "Outcome",
+    "Plugin",
+    "PluginDefinitionError",
+    "PluginFailure",
+    "PluginMetrics",
+    "PluginRunner",
+    "PodInfo",
+    "QoSClass",
+    "ResourceChanges",
+    "Resources",
+    "RunResult",
+    "ServerContext",
+    "discover_plugins",
+    "load_entry_point",
+    "qos_of",
+    "resources_from_proto",
+    "resources_to_proto",
+]
+
+log = structlog.get_logger("runtimeproxy.hooks.sdk")
+_plugin_log = structlog.get_logger("runtimeproxy.hooks.plugin")
+
+ENTRY_POINT_GROUP: Final = "runtimeproxy.hooks"
+
+#: What every hook handler is called with (more may be added; handlers take **kwargs):
+#:
+#: * ``hook``: the HookPoint being called.
+#: * ``pod``: PodInfo of the pod (for container hooks too).
+#: * ``container``: ContainerInfo, or None in pod hooks.
+#: * ``qos``: the pod's QoSClass (hooks/qos.py resolve_qos, once per call);
+#:   ``qos_resolution``: the QoSResolution behind it (which rule decided, and why).
+#: * ``policy``: this plugin's policy for the pod's class from the policy in force (e.g.
+#:   CPUClassPolicy for plugin "cpu"), or None when the plugin reads no policy section;
+#:   ``policy_section``: the whole section (class entries and section-wide settings), or None.
+#: * ``response``: a fresh HookResponse for this handler's changes.
+#: * ``cgroups``: the node's CgroupFS (hooks/cgroups.py); None only for a runner built
+#:   without one (tests).
+#: * ``resctrl``: ResctrlFS when resctrl is mounted, else None.
+#: * ``log``: a structlog logger bound with plugin, hook, pod (and container).
+#: * ``plugin``: the Plugin itself.
+HANDLER_KWARGS: Final = (
+    "hook",
+    "pod",
+    "container",
+    "qos",
+    "qos_resolution",
+    "policy",
+    "policy_section",
+    "response",
+    "cgroups",
+    "resctrl",
+    "log",
+    "plugin",
+)
+#: What on_start and on_stop handlers get: ``server`` (ServerContext) and the node handles.
+LIFECYCLE_KWARGS: Final = ("server", "plugin", "cgroups", "resctrl", "policy_section", "policy_for", "log")
+#: What reconcile handlers get: the caller's ``pods`` (and whatever else it passes) plus these.
+RECONCILE_KWARGS: Final = ("pods", "plugin", "cgroups", "resctrl", "policy_section", "policy_for", "log")
+
+FailurePolicy = Literal["ignore", "fail"]
+Outcome = Literal["ok", "error", "timeout", "invalid", "busy"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", re.ASCII)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class PluginDefinitionError(TypeError):
+    """A plugin or handler that cannot work: the message says what to change."""
+
+
+# --- what handlers see -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HugepageLimit:
+    page_size: str  # e.g. "2MB"
+    limit: int  # bytes
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A LinuxContainerResources as plain values; 0 / "" / empty means "not set"."""
+
+    cpu_period: int = 0
+    cpu_quota: int = 0
+    cpu_shares: int = 0
+    memory_limit_in_bytes: int = 0
+    oom_score_adj: int = 0
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
+    hugepage_limits: tuple[HugepageLimit, ...] = ()
+    unified: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    memory_swap_limit_in_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """The pod a hook call is about. ``sandbox_id`` is "" in PreRunPodSandbox (not created yet);
+    ``resources`` (the pod's total) and ``overhead`` are None when the proxy did not send them."""
+
+    name: str
+    namespace: str
+    uid: str
+    attempt: int = 0
+    sandbox_id: str = ""
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    cgroup_parent: str = ""
+    runtime_handler: str = ""
+    resources: Resources | None = None
+    overhead: Resources | None = None
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """The container of a container hook. ``id`` is "" before the runtime created it;
+    ``env`` is in CRI order with repeats kept (values not valid UTF-8 are decoded with
+    surrogateescape, so they round-trip exactly)."""
+
+    name: str
+    id: str = ""
+    attempt: int = 0
+    annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    resources: Resources | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    """What the server offers plugins outside a hook call (on_start / on_stop get it as ``server``)."""
+
+    cgroups: CgroupFS | None = None
+    resctrl: ResctrlFS | None = None
+    policy: Callable[[], policy_mod.Policy] = lambda: policy_mod.DEFAULT_POLICY
+    settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+# --- what handlers write ---------------------------------------------------------------------
+
+_INT_FIELDS: Final = (
+    "cpu_period",
+    "cpu_quota",
+    "cpu_shares",
+    "memory_limit_in_bytes",
+    "oom_score_adj",
+    "memory_swap_limit_in_bytes",
+)
+_STR_FIELDS: Final = ("cpuset_cpus", "cpuset_mems")
+
+
+@dataclass
+class ResourceChanges:
+    """Resource fields to set. As on the wire, 0 / "" / empty means "leave as it is": a
+    plugin cannot set a field to zero. ``unified`` entries are added or replaced one by
+    one; a non-empty ``hugepage_limits`` replaces the whole list."""
+
+    cpu_period: int = 0
+    cpu_quota: int = 0
+    cpu_shares: int = 0
+    memory_limit_in_bytes: int = 0
+    oom_score_adj: int = 0
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
+    hugepage_limits: list[HugepageLimit] = field(default_factory=list)
+    unified: dict[str, str] = field(default_factory=dict)
+    memory_swap_limit_in_bytes: int = 0
+
+    def is_empty(self) -> bool:
+        return not (
+            any(getattr(self, name) for name in (*_INT_FIELDS, *_STR_FIELDS)) or self.hugepage_limits or self.unified
+        )
+
+    def update(self, other: ResourceChanges) -> None:
+        """Lay ``other``'s set fields over these."""
+        for name in (*_INT_FIELDS, *_STR_FIELDS):
+            value = getattr(other, name)
+            if value:
+                setattr(self, name, value)
+        if other.hugepage_limits:
+            self.hugepage_limits = list(other.hugepage_limits)
+        self.unified.update(other.unified)
+
+    def problems(self) -> list[str]:
+        """Why the proxy would refuse these changes (types first, then its own checks)."""
+        found = []
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                found.append(f"resources.{name} must be an int, got {type(value).__name__}")
+        for name in _STR_FIELDS:
+            if not isinstance(getattr(self, name), str):
+                found.append(f"resources.{name} must be a str, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.unified, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.unified.items()
+        ):
+            found.append("resources.unified must be a dict of str to str")
+        if not all(
+            isinstance(h, HugepageLimit) and isinstance(h.page_size, str) and isinstance(h.limit, int)
+            for h in self.hugepage_limits
+        ):
+            found.append("resources.hugepage_limits must be a list of HugepageLimit(page_size: str, limit: int)")
+        if found:
+            return found
+        try:
+            message = resources_to_proto(self)
+        except (ValueError, TypeError) as exc:  # e.g. an int out of int64 range
+            return [f"resources: {exc}"]
+        return [f"resources: {problem}" for problem in merge.validate_resources(message)]
+
+
+class EnvChanges:
+    """Environment variables to set, in order. As the proxy applies them, a name the
+    container already has takes the new value where it stands (at every repeat), a new name
+    is appended; variables are never removed. Setting a name twice keeps its first position
+    and the last value."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, str] = {}
+
+    def set(self, name: str, value: str) -> None:
+        self._values[name] = value
+
+    __setitem__ = set
+
+    def update(self, pairs: Mapping[str, str] | Iterable[tuple[str, str]]) -> None:
+        for name, value in pairs.items() if isinstance(pairs, Mapping) else pairs:
+            self.set(name, value)
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._values.items())
+
+    def __getitem__(self, name: str) -> str:
+        return self._values[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __repr__(self) -> str:
+        return f"EnvChanges({self._values!r})"
+
+    def problems(self) -> list[str]:
+        found: list[str] = []
+        for name, value in self._values.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                found.append(f"env: names and values must be str, got {name!r}={value!r}")
+        if found:
+            return found
+        return [f"env: {problem}" for problem in merge.validate_env(self.encoded())]
+
+    def encoded(self) -> list[tuple[str, bytes]]:
+        """The changes with values as bytes (surrogateescape undone)."""
+        return [(name, value.encode("utf-8", "surrogateescape")) for name, value in self._values.items()]
+
+
+class HookResponse:
+    """One handler's changes (and, after merging, a whole call's).
+
+    * ``resources``: ResourceChanges for the pod (pod hooks) or the container (container hooks).
+    * ``annotations``: added to / replacing the pod's (pod hooks) or the container's annotations.
+    * ``labels``: added to / replacing the pod's labels; pod hooks only.
+    * ``env``: EnvChanges for the container; container hooks only.
+    * ``cgroup_parent``: a new pod cgroup parent ("" = unchanged).
+
+    Which of these the proxy applies depends on the hook point (docs/hook-api.md): Post
+    hooks' responses are never applied, PreStartContainer applies nothing, and so on.
+    """
+
+    def __init__(self, kind: HookKind) -> None:
+        self.kind = kind
+        self.resources = ResourceChanges()
+        self.annotations: dict[str, str] = {}
+        self.labels: dict[str, str] = {}
+        self.env = EnvChanges()
+        self.cgroup_parent = ""
+
+    def __repr__(self) -> str:
+        fields = {
+            "resources": None if self.resources.is_empty() else self.resources,
+            "annotations": self.annotations or None,
+            "labels": self.labels or None,
+            "env": self.env.items() or None,
+            "cgroup_parent": self.cgroup_parent or None,
+        }
+        shown = ", ".join(f"{name}={value!r}" for name, value in fields.items() if value is not None)
+        return f"HookResponse({self.kind.value}{', ' if shown else ''}{shown})"
+
+    def is_empty(self) -> bool:
+        changes = (self.annotations, self.labels, len(self.env), self.cgroup_parent)
+        return self.resources.is_empty() and not any(changes)
+
+    def merge(self, other: HookResponse) -> None:
+        """Lay ``other``'s changes over these (later plugins win)."""
+        self.resources.update(other.resources)
+        self.annotations.update(other.annotations)
+        self.labels.update(other.labels)
+        self.env.update(other.env.items())
+        if other.cgroup_parent:
+            self.cgroup_parent = other.cgroup_parent
+
+    def problems(self) -> list[str]:
+        """Why these changes cannot be sent (or the proxy would refuse them); empty when fine."""
+        found = self.resources.problems()
+        for name in ("annotations", "labels"):
+            mapping = getattr(self, name)
+            if not isinstance(mapping, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+            ):
+                found.append(f"{name} must be a dict of str to str")
+        if not isinstance(self.cgroup_parent, str):
+            found.append(f"cgroup_parent must be a str, got {type(self.cgroup_parent).__name__}")
+        elif "\0" in self.cgroup_parent:
+            found.append("cgroup_parent contains NUL")
+        if not isinstance(self.env, EnvChanges):
+            found.append("env must stay an EnvChanges (use response.env.set(name, value))")
+        else:
+            found += self.env.problems()
+            if self.kind is HookKind.POD and len(self.env):
+                found.append("env: pod hooks cannot change a container's environment")
+        if self.kind is HookKind.CONTAINER and self.labels:
+            found.append("labels: container hooks cannot change pod labels")
+        return found
+
+
+# --- protobuf conversion (used by the server; plugins never see protobuf) ----------------------
+
+
+def resources_from_proto(message: Any) -> Resources:
+    """A LinuxContainerResources message (hook API or CRI) as Resources."""
+    return Resources(
+        cpu_period=message.cpu_period,
+        cpu_quota=message.cpu_quota,
+        cpu_shares=message.cpu_shares,
+        memory_limit_in_bytes=message.memory_limit_in_bytes,
+        oom_score_adj=message.oom_score_adj,
+        cpuset_cpus=message.cpuset_cpus,
+        cpuset_mems=message.cpuset_mems,
+        hugepage_limits=tuple(HugepageLimit(h.page_size, h.limit) for h in message.hugepage_limits),
+        unified=MappingProxyType(dict(message.unified)),
+        memory_swap_limit_in_bytes=message.memory_swap_limit_in_bytes,
+    )
+
+
+def resources_to_proto(changes: ResourceChanges) -> Any:
+    """ResourceChanges as a hook-API LinuxContainerResources message."""
+    return hook_pb.LinuxContainerResources(
+        cpu_period=changes.cpu_period,
+        cpu_quota=changes.cpu_quota,
+        cpu_shares=changes.cpu_shares,
+        memory_limit_in_bytes=changes.memory_limit_in_bytes,
+        oom_score_adj=changes.oom_score_adj,
+        cpuset_cpus=changes.cpuset_cpus,
+        cpuset_mems=changes.cpuset_mems,
+        hugepage_limits=[hook_pb.HugepageLimit(page_size=h.page_size, limit=h.limit) for h in changes.hugepage_limits],
+        unified=changes.unified,
+        memory_swap_limit_in_bytes=changes.memory_swap_limit_in_bytes,
+    )
+
+
+# --- plugins ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A registered function; ``is_async`` decides how it is run."""
+
+    fn: Callable[..., Any]
+    is_async: bool
+    name: str
+
+
+def _callable_name(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{name}" if module else str(name)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
+
+
+def _check_handler(fn: Any, what: str, known: Sequence[str]) -> Handler:
+    """The Handler for ``fn``; PluginDefinitionError unless it takes keyword arguments and **kwargs."""
+    if not callable(fn):
+        raise PluginDefinitionError(f"{what} must be a function, got {fn!r}")
+    name = _callable_name(fn)
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise PluginDefinitionError(f"{what} {name} is a generator; handlers are plain functions or async def")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise PluginDefinitionError(f"{what} {name}: cannot read its signature ({exc})") from None
+    parameters = list(signature.parameters.values())
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        raise PluginDefinitionError(
+            f"{what} {name}{signature} must accept **kwargs, e.g. def {getattr(fn, '__name__', 'handler')}"
+            f"(*, pod, response, **kwargs): arguments are passed by keyword and new ones are added over time"
+        )
+    for p in parameters:
+        if p.default is not inspect.Parameter.empty or p.kind in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        ):
+            continue
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise PluginDefinitionError(
+                f"{what} {name}: positional-only parameter {p.name!r} cannot be passed; arguments come by keyword"
+            )
+        if p.name not in known:
+            raise PluginDefinitionError(
+                f"{what} {name}: parameter {p.name!r} is not an argument it is called with "
+                f"(give it a default, or use one of: {', '.join(known)})"
+            )
+    return Handler(fn, _is_async(fn), name)
+
+
+def _failure_policy(value: str) -> FailurePolicy:
+    lowered = value.lower() if isinstance(value, str) else value
+    if lowered == "ignore":
+        return "ignore"
+    if lowered == "fail":
+        return "fail"
+    raise PluginDefinitionError(f'failure_policy must be "ignore" or "fail", got {value!r}')
+
+
+def _hook_point(value: HookPoint | str) -> HookPoint:
+    if isinstance(value, HookPoint):
+        return value
+    if not isinstance(value, str):
+        if callable(value):
+            raise PluginDefinitionError("use @plugin.on(HookPoint...), with the hook points in parentheses")
+        raise PluginDefinitionError(f"hook points are HookPoint members or their names, got {value!r}")
+    try:
+        return parse_hook_point(value.removesuffix("Hook") if value.endswith("Hook") else value)
+    except ValueError as exc:
+        raise PluginDefinitionError(str(exc)) from None
+
+
+class Plugin:
+    """A runtime-hooks plugin: a name, settings, and the handlers registered on it.
+
+    * ``name``: unique among the server's plugins; letters, digits, ``_ . -``.
+    * ``order``: plugins run in (order, name) order, lower first.
+    * ``failure_policy``: ``"ignore"`` (a failing handler is logged and skipped) or
+      ``"fail"`` (it fails the hook call); see the module doc.
+    * ``timeout``: seconds each handler call may take.
+    * ``policy_section``: the section of the policy file the plugin reads (``policy`` /
+      ``policy_section`` arguments); default: the plugin's name if the policy has such a
+      section, else none.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        version: str = "0",
+        order: int = 100,
+        failure_policy: FailurePolicy | str = "ignore",
+        timeout: float = 1.0,
+        description: str = "",
+        policy_section: str | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise PluginDefinitionError(
+                f"invalid plugin name {name!r}: 1-63 letters, digits, '_', '.', '-', starting with a letter or digit"
+            )
+        if isinstance(order, bool) or not isinstance(order, int):
+            raise PluginDefinitionError(f"plugin {name}: order must be an int, got {order!r}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or not 0 < timeout <= 120
+        ):
+            raise PluginDefinitionError(f"plugin {name}: timeout must be > 0 and <= 120 seconds, got {timeout!r}")
+        section = policy_section
+        if section is None and name in policy_mod.PLUGINS:
+            section = name
+        if section is not None and section not in policy_mod.PLUGINS:
+            raise PluginDefinitionError(
+                f"plugin {name}: no policy section {section!r} (sections: {', '.join(policy_mod.PLUGINS)})"
+            )
+        self.name = name
+        self.version = str(version)
+        self.order = order
+        self.failure_policy: FailurePolicy = _failure_policy(failure_policy)
+        self.timeout = float(timeout)
+        self.description = description
+        self.policy_section = section
+        self._handlers: dict[HookPoint, Handler] = {}
+        self.start_handler: Handler | None = None
+        self.stop_handler: Handler | None = None
+        self.reconcile_handler: Handler | None = None
+
+    def __repr__(self) -> str:
+        points = ",".join(point.value for point in self.hook_points_ordered)
+        return f"Plugin({self.name!r}, version={self.version!r}, order={self.order}, hooks=[{points}])"
+
+    # -- registering --
+
+    def on(self, *points: HookPoint | str) -> Callable[[_F], _F]:
+        """Decorator: run the function at each of ``points`` (HookPoint members or names)."""
+        if not points:
+            raise PluginDefinitionError("@plugin.on needs at least one hook point")
+        parsed = [_hook_point(point) for point in points]
+
+        def register(fn: _F) -> _F:
+            handler = _check_handler(fn, f"plugin {self.name}: handler", HANDLER_KWARGS)
+            for point in parsed:
+                existing = self._handlers.get(point)
+                if existing is not None and existing.fn is not fn:
+                    raise PluginDefinitionError(
+                        f"plugin {self.name}: {point.value} already has handler {existing.name}; "
+                        "one handler per hook point (call your functions from it)"
+                    )
+            for point in parsed:
+                self._handlers[point] = handler
+            return fn
+
+        return register
+
+    def on_start(self, fn: _F) -> _F:
+        """Decorator: call ``fn(server=..., **kwargs)`` once when the server starts."""
+        self.start_handler = self._single(fn, "on_start", self.start_handler, LIFECYCLE_KWARGS)
+        return fn
+
+    def on_stop(self, fn: _F) -> _F:
+        """Decorator: call ``fn(server=..., **kwargs)`` once when the server stops."""
+        self.stop_handler = self._single(fn, "on_stop", self.stop_handler, LIFECYCLE_KWARGS)
+        return fn
+
+    def reconcile(self, fn: _F) -> _F:
+        """Decorator: call ``fn(pods=..., **kwargs)`` every reconcile interval (see PluginRunner.reconcile)."""
+        self.reconcile_handler = self._single(fn, "reconcile", self.reconcile_handler, RECONCILE_KWARGS)
+        return fn
+
+    def _single(self, fn: Any, what: str, existing: Handler | None, known: Sequence[str]) -> Handler:
+        if existing is not None:
+            raise PluginDefinitionError(f"plugin {self.name}: {what} is already {existing.name}")
+        return _check_handler(fn, f"plugin {self.name}: {what} handler", known)
+
+    # -- reading --
+
+    @property
+    def handlers(self) -> Mapping[HookPoint, Handler]:
+        return MappingProxyType(self._handlers)
+
+    @property
+    def hook_points(self) -> frozenset[HookPoint]:
+        """The hook points the plugin handles: what it subscribes to."""
+        return frozenset(self._handlers)
+
+    @property
+    def hook_points_ordered(self) -> list[HookPoint]:
+        return [point for point in HookPoint if point in self._handlers]
+
+    def handler(self, point: HookPoint) -> Handler | None:
+        return self._handlers.get(point)
+
+    def check(self) -> None:
+        """PluginDefinitionError if the plugin registers nothing at all."""
+        if not self._handlers and self.reconcile_handler is None and self.start_handler is None:
+            raise PluginDefinitionError(f"plugin {self.name} registers no handlers")
+
+    def describe(self) -> dict[str, Any]:
+        """The plugin as plain data (for listings)."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "order": self.order,
+            "failure_policy": self.failure_policy,
+            "timeout": self.timeout,
+            "policy_section": self.policy_section,
+            "hooks": [point.value for point in self.hook_points_ordered],
+            "reconcile": self.reconcile_handler is not None,
+            "description": self.description,
+        }
+
+
+# --- discovery ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    """A plugin that could not be used: which entry point (or plugin name), from where, and why."""
+
+    name: str
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DiscoveryResult:
+    plugins: tuple[Plugin, ...]
+    failures: tuple[LoadFailure, ...]
+
+    def names(self) -> list[str]:
+        return [plugin.name for plugin in self.plugins]
+
+
+def _source(entry_point: importlib.metadata.EntryPoint) -> str:
+    dist = getattr(entry_point, "dist", None)
+    where = f"{dist.name} {dist.version}: " if dist is not None else ""
+    return f"{where}{entry_point.name} = {entry_point.value}"
+
+
+def load_entry_point(entry_point: importlib.metadata.EntryPoint) -> Plugin:
+    """The Plugin an entry point names (the object, or a module's ``plugin``); raises on failure."""
+    target = entry_point.load()
+    if isinstance(target, types.ModuleType):
+        if not hasattr(target, "plugin"):
+            raise PluginDefinitionError(f"module {target.__name__} has no attribute 'plugin'")
+        target = target.plugin
+    if not isinstance(target, Plugin):
+        raise PluginDefinitionError(f"{entry_point.value} is a {type(target).__name__}, not a runtimeproxy Plugin")
+    target.check()
+    return target
+
+
+def discover_plugins(
+    group: str = ENTRY_POINT_GROUP,
+    *,
+    extra: Iterable[Plugin] = (),
+    entry_points: Iterable[importlib.metadata.EntryPoint] | None = None,
+) -> DiscoveryResult:
+    """The plugins installed as entry points of ``group``, plus ``extra`` ones (e.g. in tests).
+
+    Never raises for a bad plugin: an entry point that fails to import or does not name a
+    valid Plugin becomes a LoadFailure with the reason. Plugins sharing a name are all
+    refused (a LoadFailure each): picking one would be a guess. ``entry_points`` replaces
+    the installed ones (tests).
+    """
+    found: list[tuple[Plugin, str]] = []
+    failures: list[LoadFailure] = []
+    points = importlib.metadata.entry_points(group=group) if entry_points is None else entry_points
+    for entry_point in sorted(points, key=lambda ep: (ep.name, ep.value)):
+        source = _source(entry_point)
+        try:
+            plugin = load_entry_point(entry_point)
+        except (Exception, SystemExit) as exc:  # a plugin's import may do anything; none may stop the server
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            log.debug("plugin entry point failed", entry_point=source, exc_info=True)
+            failures.append(LoadFailure(entry_point.name, source, reason))
+            continue
+        found.append((plugin, source))
+    for plugin in extra:
+        if not isinstance(plugin, Plugin):
+            failures.append(LoadFailure(repr(plugin), "explicit", f"not a Plugin: {type(plugin).__name__}"))
+            continue
+        try:
+            plugin.check()
+        except PluginDefinitionError as exc:
+            failures.append(LoadFailure(plugin.name, "explicit", str(exc)))
+            continue
+        found.append((plugin, f"explicit: {plugin.name}"))
+    by_name: dict[str, list[tuple[Plugin, str]]] = {}
+    for plugin, source in found:
+        same = by_name.setdefault(plugin.name, [])
+        if not any(other is plugin for other, _ in same):  # two entry points naming one object: one plugin
+            same.append((plugin, source))
+    plugins: list[Plugin] = []
+    for name, entries in by_name.items():
+        if len(entries) == 1:
+            plugins.append(entries[0][0])
+            continue
+        sources = "; ".join(source for _, source in entries)
+        for _, source in entries:
+            failures.append(LoadFailure(name, source, f"duplicate plugin name {name!r}, none loaded (from: {sources})"))
+    plugins.sort(key=lambda p: (p.order, p.name))
+    return DiscoveryResult(tuple(plugins), tuple(failures))
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+class PluginMetrics:
+    """Per plugin and hook point: calls by outcome, and their duration."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = CollectorRegistry(auto_describe=True) if registry is None else registry
+        self.registry = reg
+        self.calls = Counter(
+            "runtimeproxy_hooks_plugin_calls",
+            "Plugin handler calls, by plugin, hook point (or start/stop/reconcile) and outcome "
+            "(ok, error, timeout, invalid, busy).",
+            ["plugin", "hook", "outcome"],
+            registry=reg,
+        )
+        self.duration = Histogram(
+            "runtimeproxy_hooks_plugin_call_duration_seconds",
+            "Time a plugin handler took (up to its timeout), by plugin and hook point.",
+            ["plugin", "hook"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+
+    def record(self, plugin: str, hook: str, outcome: Outcome, seconds: float) -> None:
+        self.calls.labels(plugin=plugin, hook=hook, outcome=outcome).inc()
+        self.duration.labels(plugin=plugin, hook=hook).observe(seconds)
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    plugin: str
+    hook: str
+    outcome: Outcome
+    reason: str
+    failure_policy: FailurePolicy
+
+
+@dataclass
+class RunResult:
+    """A hook call's merged response, the plugins whose changes it holds, and the ignored failures."""
+
+    response: HookResponse
+    applied: list[str] = field(default_factory=list)
+    failures: list[PluginFailure] = field(default_factory=list)
+
+
+class HookCallFailed(Exception):
+    """A plugin with failure_policy "fail" failed: the hook call fails."""
+
+    def __init__(self, failure: PluginFailure) -> None:
+        self.failure = failure
+        super().__init__(f"plugin {failure.plugin} failed at {failure.hook}: {failure.reason}")
+
+
+class _Stage(enum.Enum):
+    START = "start"
+    STOP = "stop"
+    RECONCILE = "reconcile"
+
+
+def _qos_resources(resources: Resources | None) -> Any:
+    if resources is None:
+        return None
+    return hook_pb.LinuxContainerResources(
+        cpu_shares=resources.cpu_shares,
+        cpu_quota=resources.cpu_quota,
+        memory_limit_in_bytes=resources.memory_limit_in_bytes,
+    )
+
+
+def qos_of(pod: PodInfo, container: ContainerInfo | None = None) -> QoSResolution:
+    """The pod's QoS class (the container's resources stand in when the pod's are unknown)."""
+    resources = pod.resources if pod.resources is not None else (container.resources if container else None)
+    return resolve_qos(pod.labels, pod.annotations, pod.cgroup_parent, _qos_resources(resources))
+
+
+class PluginRunner:
+    """Runs the enabled plugins' handlers: see the module doc for order, timeouts and failures.
+
+    ``enable``: only these plugins (None: all); ``disable``: not these. Enabling a plugin
+    that is not there is an error (ValueError naming the available ones); disabling one
+    is only logged. A sync handler that is still running after its timeout keeps its worker
+    thread (Python cannot stop a thread); a plugin with ``max_hung`` such calls still
+    running is not called again until one ends (outcome "busy").
+    """
+
+    def __init__(
+        self,
+        plugins: Iterable[Plugin],
+        *,
+        enable: Iterable[str] | None = None,
+        disable: Iterable[str] = (),
+        context: ServerContext | None = None,
+        registry: CollectorRegistry | None = None,
+        metrics: PluginMetrics | None = None,
+        max_hung: int = 4,
+    ) -> None:
+        available: dict[str, Plugin] = {}
+        for plugin in plugins:
+            if plugin.name in available:
+                raise ValueError(f"two plugins are named {plugin.name!r}")
+            available[plugin.name] = plugin
+        wanted = set(available) if enable is None else set(enable)
+        unknown = sorted(wanted - set(available))
+        if unknown:
+            known = ", ".join(sorted(available)) or "none"
+            raise ValueError(f"cannot enable {', '.join(unknown)}: no such plugin (available: {known})")
+        disabled = set(disable)
+        for name in sorted(disabled - set(available)):
+            log.warning("disabled plugin is not installed", plugin=name)
+        self.available: Mapping[str, Plugin] = MappingProxyType(available)
+        self.context = context if context is not None else ServerContext()
+        self.metrics = metrics if metrics is not None else PluginMetrics(registry)
+        self._max_hung = max_hung
+        self._closed = False
+        self._running_sync: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._orphans: set[asyncio.Future[Any]] = set()
+        self._set_enabled([available[name] for name in wanted - disabled])
+
+    def _set_enabled(self, plugins: Iterable[Plugin]) -> None:
+        self.plugins: tuple[Plugin, ...] = tuple(sorted(plugins, key=lambda p: (p.order, p.name)))
+        self._by_point = {
+            point: tuple(plugin for plugin in self.plugins if point in plugin.hook_points) for point in HookPoint
+        }
+
+    @property
+    def hook_points(self) -> frozenset[HookPoint]:
+        """The hook points at least one enabled plugin handles."""
+        return frozenset(point for point, plugins in self._by_point.items() if plugins)
+
+    def plugins_for(self, point: HookPoint) -> tuple[Plugin, ...]:
+        return self._by_point[point]
+
+    def disable(self, name: str) -> None:
+        """Stop running plugin ``name`` (e.g. after its on_start failed)."""
+        self._set_enabled(plugin for plugin in self.plugins if plugin.name != name)
+
+    # -- calls --
+
+    async def run(
+        self,
+        point: HookPoint,
+        *,
+        pod: PodInfo,
+        container: ContainerInfo | None = None,
+        qos: QoSResolution | None = None,
+    ) -> RunResult:
+        """Run ``point``'s handlers; the merged response. HookCallFailed when a "fail" plugin fails."""
+        resolution = qos if qos is not None else qos_of(pod, container)
+        policy = self.context.policy()
+        result = RunResult(HookResponse(point.kind))
+        bound = {"hook": point.value, "pod": f"{pod.namespace}/{pod.name}"}
+        if container is not None:
+            bound["container"] = container.name
+        for plugin in self._by_point[point]:
+            handler = plugin.handler(point)
+            assert handler is not None
+            response = HookResponse(point.kind)
+            section = _section(policy, plugin)
+            kwargs: dict[str, Any] = {
+                "hook": point,
+                "pod": pod,
+                "container": container,
+                "qos": resolution.qos_class,
+                "qos_resolution": resolution,
+                "policy": _class_policy(policy, plugin, resolution.qos_class),
+                "policy_section": section,
+                "response": response,
+                "cgroups": self.context.cgroups,
+                "resctrl": self.context.resctrl,
+                "log": _plugin_log.bind(plugin=plugin.name, **bound),
+                "plugin": plugin,
+            }
+            outcome, reason = await self._call(plugin, handler, point.value, kwargs)
+            if outcome == "ok":
+                problems = response.problems()
+                if problems:
+                    outcome, reason = "invalid", "; ".join(problems)
+            if outcome == "ok":
+                result.response.merge(response)
+                result.applied.append(plugin.name)
+                continue
+            failure = PluginFailure(plugin.name, point.value, outcome, reason, plugin.failure_policy)
+            self._log_failure(failure, bound)
+            if plugin.failure_policy == "fail":
+                raise HookCallFailed(failure)
+            result.failures.append(failure)
+        return result
+
+    async def start(self) -> list[PluginFailure]:
+        """Call the on_start handlers. A failing "ignore" plugin is disabled (returned in the
+        list); a failing "fail" plugin raises HookCallFailed: the server must not start without it."""
+        failures = []
+        for plugin in list(self.plugins):
+            failure = await self._lifecycle(plugin, _Stage.START)
+            if failure is None:
+                continue
+            if plugin.failure_policy == "fail":
+                raise HookCallFailed(failure)
+            self.disable(plugin.name)
+            failures.append(failure)
+        return failures
+
+    async def stop(self) -> list[PluginFailure]:
+        """Call the on_stop handlers (failures are logged and returned), then close()."""
+        failures = []
+        for plugin in reversed(self.plugins):
+            failure = await self._lifecycle(plugin, _Stage.STOP)
+            if failure is not None:
+                failures.append(failure)
+        self.close()
+        return failures
+
+    async def reconcile(self, *, pods: Sequence[PodInfo], **extra: Any) -> list[PluginFailure]:
+        """Call every enabled plugin's reconcile handler with ``pods``, ``extra`` and the node
+        handles; failures are logged, counted and returned, whatever the failure policy."""
+        failures = []
+        for plugin in self.plugins:
+            handler = plugin.reconcile_handler
+            if handler is None:
+                continue
+            kwargs = {**extra, **self._node_kwargs(plugin, _Stage.RECONCILE), "pods": pods}
+            outcome, reason = await self._call(plugin, handler, _Stage.RECONCILE.value, kwargs)
+            if outcome != "ok":
+                failure = PluginFailure(plugin.name, _Stage.RECONCILE.value, outcome, reason, plugin.failure_policy)
+                self._log_failure(failure, {"hook": _Stage.RECONCILE.value})
+                failures.append(failure)
+        return failures
+
+    def close(self) -> None:
+        """Run no more sync handlers. Their threads are daemon threads: a hung one never delays exit."""
+        self._closed = True
+
+    async def _lifecycle(self, plugin: Plugin, stage: _Stage) -> PluginFailure | None:
+        handler = plugin.start_handler if stage is _Stage.START else plugin.stop_handler
+        if handler is None:
+            return None
+        kwargs = {**self._node_kwargs(plugin, stage), "server": self.context}
+        outcome, reason = await self._call(plugin, handler, stage.value, kwargs)
+        if outcome == "ok":
+            return None
+        failure = PluginFailure(plugin.name, stage.value, outcome, reason, plugin.failure_policy)
+        self._log_failure(failure, {"hook": stage.value})
+        return failure
+
+    def _node_kwargs(self, plugin: Plugin, stage: _Stage) -> dict[str, Any]:
+        policy = self.context.policy()
+
+        def policy_for(qos: QoSClass | str) -> policy_mod.ClassPolicy | None:
+            return _class_policy(self.context.policy(), plugin, QoSClass(qos))
+
+        return {
+            "plugin": plugin,
+            "cgroups": self.context.cgroups,
+            "resctrl": self.context.resctrl,
+            "policy_section": _section(policy, plugin),
+            "policy_for": policy_for,
+            "log": _plugin_log.bind(plugin=plugin.name, hook=stage.value),
+        }
+
+    async def _call(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> tuple[Outcome, str]:
+        started = time.perf_counter()
+        if handler.is_async:
+            outcome, reason = await self._call_async(plugin, handler, kwargs)
+        else:
+            outcome, reason = await self._call_sync(plugin, handler, kwargs)
+        self.metrics.record(plugin.name, hook, outcome, time.perf_counter() - started)
+        return outcome, reason
+
+    async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> tuple[Outcome, str]:
+        try:
+            task = asyncio.ensure_future(handler.fn(**kwargs))
+        except Exception as exc:  # the call itself raised before returning a coroutine
+            return "error", _reason(exc)
+        # asyncio.wait, not wait_for: a handler that swallows its cancellation must not hold up the call.
+        try:
+            done, _ = await asyncio.wait({task}, timeout=plugin.timeout)
+        except asyncio.CancelledError:  # the hook call itself was cancelled (the proxy gave up)
+            task.cancel()
+            self._keep_orphan(task, plugin)
+            raise
+        if not done:
+            task.cancel()
+            self._keep_orphan(task, plugin)
+            return "timeout", f"no answer within {plugin.timeout:g}s"
+        return _task_outcome(task)
+
+    async def _call_sync(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> tuple[Outcome, str]:
+        if self._closed:
+            return "error", "not run: the runner is closed"
+        with self._lock:
+            running = self._running_sync.get(plugin.name, 0)
+            if running >= self._max_hung:
+                return "busy", f"{running} earlier calls of its sync handlers are still running"
+            self._running_sync[plugin.name] = running + 1
+        context = contextvars.copy_context()
+        work = _in_thread(
+            functools.partial(context.run, _run_sync_handler, handler, kwargs),
+            f"runtime-hooks-{plugin.name}",
+            lambda: self._sync_done(plugin.name),
+        )
+        future = asyncio.wrap_future(work)
+        try:
+            done, _ = await asyncio.wait({future}, timeout=plugin.timeout)
+        except asyncio.CancelledError:
+            future.cancel()  # detach from the thread, which runs on
+            work.add_done_callback(functools.partial(_late_end, plugin.name))
+            raise
+        if not done:
+            # Detached, the thread's end does not touch the loop (which may be closed by then).
+            future.cancel()
+            work.add_done_callback(functools.partial(_late_end, plugin.name))
+            return "timeout", f"no answer within {plugin.timeout:g}s (its thread runs on)"
+        return _task_outcome(future)
+
+    def _sync_done(self, name: str) -> None:
+        with self._lock:
+            self._running_sync[name] -= 1
+
+    def _keep_orphan(self, future: asyncio.Future[Any], plugin: Plugin) -> None:
+        """Hold a timed-out call until it ends, then log how (never as an unretrieved exception)."""
+        self._orphans.add(future)
+
+        def finished(done: asyncio.Future[Any]) -> None:
+            self._orphans.discard(done)
+            if done.cancelled():
+                return
+            exc = done.exception()
+            log.info("timed-out plugin call ended", plugin=plugin.name, error=_reason(exc) if exc is not None else None)
+
+        future.add_done_callback(finished)
+
+    @staticmethod
+    def _log_failure(failure: PluginFailure, bound: Mapping[str, str]) -> None:
+        fields = {**bound, "plugin": failure.plugin, "outcome": failure.outcome, "reason": failure.reason}
+        if failure.failure_policy == "fail":
+            log.error("plugin failed; failing the hook call", **fields)
+        else:
+            log.warning("plugin failed; its changes are ignored", **fields)
+
+
+class _ReturnedAwaitable(Exception):
+    pass
+
+
+def _late_end(plugin: str, work: concurrent.futures.Future[Any]) -> None:
+    """Log how a timed-out sync handler finally ended (runs in its thread)."""
+    if work.cancelled():
+        return
+    exc = work.exception()
+    log.info("timed-out plugin call ended", plugin=plugin, error=_reason(exc) if exc is not None else None)
+
+
+def _in_thread(fn: Callable[[], Any], name: str, finished: Callable[[], None]) -> concurrent.futures.Future[Any]:
+    """Run ``fn`` in a new daemon thread; its future. ``finished`` runs in the thread when ``fn`` ends.
+
+    Not a ThreadPoolExecutor: its workers are joined at interpreter exit, so one hung plugin
+    would keep the server from exiting on SIGTERM. A thread per call costs tens of
+    microseconds, little next to a gRPC call, and a hung one blocks nothing.
+    """
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+        finally:
+            finished()
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return future
+
+
+def _run_sync_handler(handler: Handler, kwargs: dict[str, Any]) -> None:
+    result = handler.fn(**kwargs)
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # no "coroutine was never awaited" warning
+        raise _ReturnedAwaitable(f"{handler.name} is not async def but returned an awaitable; declare it async def")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _task_outcome(future: asyncio.Future[Any]) -> tuple[Outcome, str]:
+    if future.cancelled():
+        return "error", "cancelled"
+    exc = future.exception()
+    if exc is None:
+        return "ok", ""
+    return "error", _reason(exc)
+
+
+def _section(policy: policy_mod.Policy, plugin: Plugin) -> Any:
+    return getattr(policy, plugin.policy_section) if plugin.policy_section is not None else None
+
+
+def _class_policy(policy: policy_mod.Policy, plugin: Plugin, qos: QoSClass) -> policy_mod.ClassPolicy | None:
+    if plugin.policy_section is None:
+        return None
+    return policy_mod.policy_for(policy, plugin.policy_section, qos)

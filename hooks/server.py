@@ -1,0 +1,443 @@
+"""The runtime-hooks gRPC server: RuntimeHookService on a unix socket, answered by the plugins.
+
+For each of the 13 RPCs (api/runtime/v1alpha1/api.proto) the server turns the request into
+PodInfo / ContainerInfo (sdk), runs the plugins that handle the hook point
+(sdk.PluginRunner) and turns their merged HookResponse back into the RPC's response. A hook
+point no enabled plugin handles answers UNIMPLEMENTED, which the proxy reads as "no such
+hook" and skips. A plugin with failure policy "fail" that fails makes the RPC answer
+INTERNAL with "plugin <name> failed at <hook point>: <reason>".
+
+**Socket.** grpc binds its unix socket itself (and unlinks whatever is at the path first),
+so it cannot be handed a socket from runtimeproxy.listener. The server still uses
+open_unix_listener for what it guards: the flock on ``<endpoint>.lock`` (one instance per
+path; a second one stops with AlreadyServing), the refusal to replace a live socket or a
+non-socket, and the socket directory's creation. It then closes that socket and lets grpc
+bind the path, with a 0177 umask so the socket is never reachable with looser permissions
+than ``socket_mode``, applied right after. The lock is held until the server stops.
+
+**Registration.** Once serving, the server writes ``runtime-hooks.json`` into the proxy's
+hook config directory (write to a dotfile, then rename: the proxy never reads half a file)::
+
+    {"remote-endpoint": "/var/run/runtimehooks/hooks.sock", "failure-policy": "Ignore",
+     "runtime-hooks": [...the hook points its enabled plugins handle...],
+     "timeout": <seconds>, "index": 0}
+
+``timeout`` is the longest sum of plugin timeouts at any one hook point plus a margin
+(capped at the proxy's 120 s), so the proxy does not give up on a call while its plugins
+are still within theirs. The file is removed on stop, before the socket closes, so the
+proxy stops calling first. Failure policy Ignore means: when this server fails a call
+(including because of a "fail" plugin), the proxy goes on with the CRI call unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+import grpc
+import grpc.aio
+import structlog
+
+from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
+from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.dispatch.registry import MAX_TIMEOUT
+from runtimeproxy.listener import UnixListener, open_unix_listener
+
+from .sdk import (
+    ContainerInfo,
+    HookCallFailed,
+    HookResponse,
+    PluginRunner,
+    PodInfo,
+    resources_from_proto,
+    resources_to_proto,
+)
+
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "DEFAULT_HOOK_CONFIG_DIR",
+    "REGISTRATION_FILE",
+    "SERVICE",
+    "RuntimeHooksServer",
+    "ServerSettings",
+    "container_from_request",
+    "container_response",
+    "pod_from_container_request",
+    "pod_from_request",
+    "pod_response",
+    "registration",
+    "remove_registration",
+    "write_registration",
+]
+
+log = structlog.get_logger("runtimeproxy.hooks.server")
+
+DEFAULT_ENDPOINT: Final = "/var/run/runtimehooks/hooks.sock"
+DEFAULT_HOOK_CONFIG_DIR: Final = "/etc/runtime/hookserver.d"
+REGISTRATION_FILE: Final = "runtime-hooks.json"
+SERVICE: Final = "runtime.v1alpha1.RuntimeHookService"
+# Added to the plugins' timeouts in the registration: gRPC and conversion overhead.
+TIMEOUT_MARGIN: Final = 0.5
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Where to serve and register. ``hook_config_dir`` None or "": do not register."""
+
+    endpoint: str = DEFAULT_ENDPOINT
+    hook_config_dir: str | None = DEFAULT_HOOK_CONFIG_DIR
+    registration_name: str = REGISTRATION_FILE
+    registration_index: int = 0
+    socket_mode: int = 0o660
+    socket_group: str | None = None
+    stop_grace: float = 5.0
+
+
+# --- requests -> plugin view ------------------------------------------------------------------
+
+
+def _env_value(value: bytes) -> str:
+    return value.decode("utf-8", "surrogateescape")
+
+
+def pod_from_request(request: Any) -> PodInfo:
+    """A PodSandboxHookRequest as PodInfo."""
+    meta = request.pod_meta
+    return PodInfo(
+        name=meta.name,
+        namespace=meta.namespace,
+        uid=meta.uid,
+        attempt=meta.attempt,
+        sandbox_id=request.pod_sandbox_id,
+        labels=MappingProxyType(dict(request.labels)),
+        annotations=MappingProxyType(dict(request.annotations)),
+        cgroup_parent=request.cgroup_parent,
+        runtime_handler=request.runtime_handler,
+        resources=resources_from_proto(request.resources) if request.HasField("resources") else None,
+        overhead=resources_from_proto(request.overhead) if request.HasField("overhead") else None,
+    )
+
+
+def pod_from_container_request(request: Any) -> PodInfo:
+    """The pod part of a ContainerResourceHookRequest as PodInfo."""
+    meta = request.pod_meta
+    return PodInfo(
+        name=meta.name,
+        namespace=meta.namespace,
+        uid=meta.uid,
+        attempt=meta.attempt,
+        sandbox_id=request.pod_sandbox_id,
+        labels=MappingProxyType(dict(request.pod_labels)),
+        annotations=MappingProxyType(dict(request.pod_annotations)),
+        cgroup_parent=request.pod_cgroup_parent,
+        runtime_handler=request.runtime_handler,
+        resources=resources_from_proto(request.pod_resources) if request.HasField("pod_resources") else None,
+        overhead=resources_from_proto(request.pod_overhead) if request.HasField("pod_overhead") else None,
+    )
+
+
+def container_from_request(request: Any) -> ContainerInfo:
+    """The container part of a ContainerResourceHookRequest as ContainerInfo.
+
+    The environment comes from the ordered ``container_env_list`` when the proxy sent it,
+    else from Koordinator's ``container_envs`` map (sorted by name: a map has no order).
+    """
+    meta = request.container_meta
+    if request.container_env_list:
+        env = tuple((kv.key, _env_value(kv.value)) for kv in request.container_env_list)
+    else:
+        env = tuple(sorted(request.container_envs.items()))
+    return ContainerInfo(
+        name=meta.name,
+        id=meta.id,
+        attempt=meta.attempt,
+        annotations=MappingProxyType(dict(request.container_annotations)),
+        resources=(
+            resources_from_proto(request.container_resources) if request.HasField("container_resources") else None
+        ),
+        env=env,
+    )
+
+
+# --- plugin answers -> responses --------------------------------------------------------------
+
+
+def pod_response(response: HookResponse) -> Any:
+    """A merged HookResponse as PodSandboxHookResponse."""
+    message = hook_pb.PodSandboxHookResponse(
+        labels=response.labels, annotations=response.annotations, cgroup_parent=response.cgroup_parent
+    )
+    if not response.resources.is_empty():
+        message.resources.CopyFrom(resources_to_proto(response.resources))
+    return message
+
+
+def container_response(response: HookResponse) -> Any:
+    """A merged HookResponse as ContainerResourceHookResponse.
+
+    Environment changes go out twice: ``container_env_list`` (ordered, bytes) for this
+    proxy, and Koordinator's ``container_envs`` map, left empty when a value is not UTF-8
+    (a proto string cannot hold it).
+    """
+    message = hook_pb.ContainerResourceHookResponse(
+        container_annotations=response.annotations, pod_cgroup_parent=response.cgroup_parent
+    )
+    if not response.resources.is_empty():
+        message.container_resources.CopyFrom(resources_to_proto(response.resources))
+    encoded = response.env.encoded()
+    if encoded:
+        message.container_env_list.extend(hook_pb.KeyValue(key=key, value=value) for key, value in encoded)
+        try:
+            message.container_envs.update({key: value.decode("utf-8") for key, value in encoded})
+        except UnicodeDecodeError:
+            message.container_envs.clear()
+    return message
+
+
+# --- registration file --------------------------------------------------------------------------
+
+
+def registration(runner: PluginRunner, settings: ServerSettings) -> dict[str, Any]:
+    """The registration file's content for the runner's enabled plugins."""
+    points = [point for point in HookPoint if point in runner.hook_points]
+    longest = max((sum(p.timeout for p in runner.plugins_for(point)) for point in points), default=0.0)
+    return {
+        "remote-endpoint": os.path.abspath(settings.endpoint),
+        # A plugin that must not be skipped makes the proxy refuse the CRI call too.
+        "failure-policy": "Fail" if any(p.failure_policy == "fail" for p in runner.plugins) else "Ignore",
+        "runtime-hooks": [point.value for point in points],
+        "timeout": round(min(MAX_TIMEOUT, longest + TIMEOUT_MARGIN), 3),
+        "index": settings.registration_index,
+    }
+
+
+def write_registration(directory: str, name: str, content: Mapping[str, Any]) -> str:
+    """Put ``content`` in place as ``directory/name`` atomically (dotfile, fsync, rename); its path."""
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    path = os.path.join(directory, name)
+    scratch = os.path.join(directory, f".{name}.{os.getpid()}.tmp")  # a dotfile: the proxy skips it
+    data = (json.dumps(content, indent=2) + "\n").encode()
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(scratch, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+        raise
+    with contextlib.suppress(OSError):  # make the rename durable; not all filesystems allow it
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return path
+
+
+def remove_registration(path: str, endpoint: str) -> bool:
+    """Remove the registration file at ``path`` if it still registers ``endpoint``; whether it did."""
+    try:
+        with open(path, "rb") as file:
+            content = json.loads(file.read())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        content = None
+    if isinstance(content, dict) and content.get("remote-endpoint") not in (endpoint, "unix://" + endpoint):
+        log.info("registration file now names another server; left in place", path=path)
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return True
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+_Behaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
+
+
+class RuntimeHooksServer:
+    """RuntimeHookService for ``runner``'s plugins on ``settings.endpoint``; see the module doc.
+
+    ``start()`` runs the plugins' on_start, takes the socket, serves and registers;
+    ``stop()`` unregisters, stops serving (calls in flight get ``stop_grace`` seconds),
+    runs on_stop and releases the socket. Also an async context manager.
+    """
+
+    def __init__(self, runner: PluginRunner, settings: ServerSettings | None = None) -> None:
+        self.runner = runner
+        self.settings = settings if settings is not None else ServerSettings()
+        self.endpoint = os.path.abspath(self.settings.endpoint)
+        self.registration_path: str | None = None
+        self._server: grpc.aio.Server | None = None
+        self._listener: UnixListener | None = None
+        self._socket_ident: tuple[int, int] | None = None
+        self._started = False
+
+    async def __aenter__(self) -> RuntimeHooksServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def hook_points(self) -> frozenset[HookPoint]:
+        return self.runner.hook_points
+
+    async def start(self) -> None:
+        failed = await self.runner.start()  # raises if a "fail" plugin cannot start
+        for failure in failed:
+            log.error("plugin disabled: its on_start failed", plugin=failure.plugin, reason=failure.reason)
+        try:
+            await self._serve()
+            self._register()
+        except BaseException:
+            await self._shutdown(0)
+            await self.runner.stop()
+            raise
+        self._started = True
+        log.info(
+            "serving runtime hooks",
+            endpoint=self.endpoint,
+            hooks=sorted(point.value for point in self.hook_points),
+            plugins=[plugin.name for plugin in self.runner.plugins],
+            registration=self.registration_path,
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        if not self._started:
+            return
+        self._started = False
+        self._unregister()
+        await self._shutdown(self.settings.stop_grace if grace is None else grace)
+        await self.runner.stop()
+        log.info("stopped serving runtime hooks", endpoint=self.endpoint)
+
+    # -- serving --
+
+    async def _serve(self) -> None:
+        # Lock, stale-socket check and directory from the listener; the socket itself from grpc.
+        listener = open_unix_listener(self.endpoint, self.settings.socket_mode, group=self.settings.socket_group)
+        self._listener = listener
+        listener.sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.endpoint)  # ours: we hold the lock and just bound it
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((self._generic_handler(),))
+        self._server = server
+        old_umask = os.umask(0o177)  # grpc binds in add_insecure_port: owner-only until the chmod below
+        try:
+            port = server.add_insecure_port("unix://" + self.endpoint)
+        finally:
+            os.umask(old_umask)
+        if port == 0:  # older grpc reports a failed bind this way
+            raise OSError(f"cannot bind unix socket {self.endpoint}")
+        st = os.lstat(self.endpoint)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(f"{self.endpoint} is not a socket after binding")
+        self._socket_ident = (st.st_dev, st.st_ino)
+        group = self.settings.socket_group
+        if group:
+            os.chown(self.endpoint, -1, int(group) if group.isdecimal() else _gid(group))
+        os.chmod(self.endpoint, self.settings.socket_mode)
+        await server.start()
+
+    async def _shutdown(self, grace: float) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
+        if self._socket_ident is not None:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(self.endpoint)
+                if (st.st_dev, st.st_ino) == self._socket_ident:
+                    os.unlink(self.endpoint)
+            self._socket_ident = None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()  # releases the lock
+
+    def _register(self) -> None:
+        directory = self.settings.hook_config_dir
+        if not directory:
+            return
+        path = os.path.join(directory, self.settings.registration_name)
+        content = registration(self.runner, self.settings)
+        if not content["runtime-hooks"]:
+            log.warning("no enabled plugin handles a hook point; not registering", directory=directory)
+            remove_registration(path, self.endpoint)
+            return
+        self.registration_path = write_registration(directory, self.settings.registration_name, content)
+        log.info("registered with the proxy", path=self.registration_path, hooks=content["runtime-hooks"])
+
+    def _unregister(self) -> None:
+        path, self.registration_path = self.registration_path, None
+        if path is not None:
+            try:
+                remove_registration(path, self.endpoint)
+            except OSError as exc:
+                log.warning("cannot remove registration file", path=path, error=str(exc))
+
+    # -- RPCs --
+
+    def _generic_handler(self) -> grpc.GenericRpcHandler[Any, Any]:
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        for point in HookPoint:
+            if point.kind is HookKind.POD:
+                request_type: Any = hook_pb.PodSandboxHookRequest
+                response_type: Any = hook_pb.PodSandboxHookResponse
+            else:
+                request_type = hook_pb.ContainerResourceHookRequest
+                response_type = hook_pb.ContainerResourceHookResponse
+            behaviour = self._rpc(point) if point in self.runner.hook_points else _unimplemented(point)
+            handlers[point.rpc] = grpc.unary_unary_rpc_method_handler(
+                behaviour,
+                request_deserializer=request_type.FromString,
+                response_serializer=response_type.SerializeToString,
+            )
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+    def _rpc(self, point: HookPoint) -> _Behaviour:
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                if point.kind is HookKind.POD:
+                    pod, container = pod_from_request(request), None
+                else:
+                    pod, container = pod_from_container_request(request), container_from_request(request)
+                result = await self.runner.run(point, pod=pod, container=container)
+                if point.kind is HookKind.POD:
+                    return pod_response(result.response)
+                return container_response(result.response)
+            except HookCallFailed as exc:
+                await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+            except Exception as exc:  # a bug here must answer, not hang the proxy's call
+                log.exception("hook call failed", hook=point.value)
+                await context.abort(grpc.StatusCode.INTERNAL, f"runtime-hooks: {type(exc).__name__}: {exc}")
+
+        call.__name__ = point.rpc
+        return call
+
+
+def _unimplemented(point: HookPoint) -> _Behaviour:
+    async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"runtime-hooks: no enabled plugin handles {point.value}")
+
+    return call
+
+
+def _gid(group: str) -> int:
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"unknown group {group!r}") from None

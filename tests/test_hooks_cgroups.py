@@ -1,0 +1,314 @@
+"""Node-side cgroup access (hooks/cgroups.py) against the fake kernel trees (hooks/testkit/cgroups.py):
+version detection, pod and container paths for both drivers, per-version files, and path safety."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from runtimeproxy.hooks.cgroups import (
+    FILES,
+    CgroupFS,
+    CgroupPathError,
+    CgroupUnsupported,
+    CgroupVersion,
+    detect_version,
+    expand_slice,
+    parent_path,
+    shares_to_weight,
+    weight_to_shares,
+)
+from runtimeproxy.hooks.testkit.cgroups import (
+    V1_HIERARCHIES,
+    V1_UNLIMITED,
+    FakeCgroup,
+    make_fake_cgroup_v1,
+    make_fake_cgroup_v2,
+)
+
+UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+CID = "4a5b6c7d8e9f"
+
+
+@pytest.fixture(params=["v1", "v2"])
+def version(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=["cgroupfs", "systemd"])
+def tree(request: pytest.FixtureRequest, version: str, tmp_path: Path) -> FakeCgroup:
+    make = make_fake_cgroup_v1 if version == "v1" else make_fake_cgroup_v2
+    return make(tmp_path / "cgroup", driver=request.param)
+
+
+# --- detection and parents -------------------------------------------------------------------------
+
+
+def test_version_detection(tmp_path: Path) -> None:
+    assert detect_version(make_fake_cgroup_v2(tmp_path / "v2").root) is CgroupVersion.V2
+    assert detect_version(make_fake_cgroup_v1(tmp_path / "v1").root) is CgroupVersion.V1
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CgroupUnsupported, match="not a cgroup mount"):
+        detect_version(tmp_path / "empty")
+    assert not CgroupFS(tmp_path / "empty").available()
+    assert CgroupFS(tmp_path / "v1").available()
+
+
+@pytest.mark.parametrize(
+    ("parent", "path"),
+    [
+        ("/kubepods/burstable/pod1", "kubepods/burstable/pod1"),
+        ("/kubepods/pod1", "kubepods/pod1"),
+        ("kubepods-burstable-pod1_2.slice", "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1_2.slice"),
+        ("kubepods-pod1.slice", "kubepods.slice/kubepods-pod1.slice"),
+        ("/kubepods.slice/kubepods-besteffort.slice", "kubepods.slice/kubepods-besteffort.slice"),  # already nested
+        ("/", ""),
+        ("", ""),
+        ("-.slice", ""),
+        ("//kubepods//x/", "kubepods/x"),
+    ],
+)
+def test_parent_paths(parent: str, path: str) -> None:
+    assert parent_path(parent) == path
+
+
+@pytest.mark.parametrize("parent", ["/kubepods/../etc", "..", "/kubepods/./x", "a\0b", "kubepods--x.slice", "-a.slice"])
+def test_bad_parents_are_refused(parent: str) -> None:
+    with pytest.raises(CgroupPathError):
+        parent_path(parent)
+
+
+def test_expand_slice() -> None:
+    assert expand_slice("a-b-c.slice") == ["a.slice", "a-b.slice", "a-b-c.slice"]
+    with pytest.raises(CgroupPathError):
+        expand_slice("a-b")
+
+
+# --- the fake trees ----------------------------------------------------------------------------------
+
+
+def test_fake_v2_tree_looks_like_the_kernel(tmp_path: Path) -> None:
+    tree = make_fake_cgroup_v2(tmp_path / "cg", anolis=True)
+    root = tree.root
+    controllers = ["cpuset", "cpu", "io", "memory", "hugetlb", "pids", "rdma", "misc"]
+    assert (root / "cgroup.controllers").read_text().split() == controllers
+    assert not (root / "cpu.max").exists() and not (root / "memory.min").exists()  # never in the root
+    parent = tree.add_pod(UID, "burstable")
+    assert parent == f"/kubepods/burstable/pod{UID}"
+    [container] = tree.add_container(parent, CID)
+    assert container == root / "kubepods" / "burstable" / f"pod{UID}" / CID
+    values = {name: (container / name).read_text().strip() for name in ("cpu.max", "cpu.weight", "cpu.max.burst")}
+    assert values == {"cpu.max": "max 100000", "cpu.weight": "100", "cpu.max.burst": "0"}
+    memory = [(container / name).read_text().strip() for name in ("memory.min", "memory.low", "memory.high")]
+    assert memory == ["0", "0", "max"]
+    assert (container / "cpu.bvt_warp_ns").read_text().strip() == "0"
+    assert (container / "cgroup.subtree_control").read_text() == ""  # a leaf
+    enabled = ["cpuset", "cpu", "io", "memory", "hugetlb", "pids"]
+    assert (container.parent / "cgroup.subtree_control").read_text().split() == enabled
+
+
+def test_fake_v2_children_only_get_enabled_controllers(tmp_path: Path) -> None:
+    tree = make_fake_cgroup_v2(tmp_path / "cg", subtree_control=["memory"], kubepods=False)
+    [directory] = tree.mkdir("only-memory")
+    assert (directory / "cgroup.controllers").read_text().split() == ["memory"]
+    assert (directory / "memory.high").exists() and not (directory / "cpu.max").exists()
+    assert (directory / "cpu.stat").exists()  # a core file, there without the cpu controller
+
+
+def test_fake_v1_tree_looks_like_the_kernel(tmp_path: Path) -> None:
+    tree = make_fake_cgroup_v1(tmp_path / "cg", driver="systemd")
+    root = tree.root
+    assert os.readlink(root / "cpu") == "cpu,cpuacct" and os.readlink(root / "cpuacct") == "cpu,cpuacct"
+    parent = tree.add_pod(UID, "besteffort")
+    assert parent == f"kubepods-besteffort-pod{UID.replace('-', '_')}.slice"
+    dirs = tree.add_container(parent, CID)
+    assert {d.parent.parent.parent.parent.name for d in dirs} == set(V1_HIERARCHIES)  # one per hierarchy
+    cpu = tree.dir(parent, CID)
+    assert cpu.name == f"cri-containerd-{CID}.scope"
+    assert os.path.realpath(cpu).startswith(os.path.realpath(root / "cpu,cpuacct"))
+    values = [(cpu / name).read_text().strip() for name in ("cpu.shares", "cpu.cfs_quota_us", "cpu.cfs_period_us")]
+    assert values == ["1024", "-1", "100000"]
+    memory = tree.dir(parent, CID, controller="memory")
+    assert (memory / "memory.soft_limit_in_bytes").read_text().strip() == V1_UNLIMITED
+    assert not (cpu / "cpu.bvt_warp_ns").exists()  # Anolis only
+
+
+# --- paths -----------------------------------------------------------------------------------------
+
+
+def test_pod_and_container_paths(tree: FakeCgroup) -> None:
+    fs = tree.fs()
+    parent = tree.add_pod(UID)
+    tree.add_container(parent, CID)
+    base = tree.root / "cpu" if tree.version is CgroupVersion.V1 else tree.root
+    pod_dir = base / parent_path(parent)
+    assert fs.path("cpu", parent) == pod_dir
+    expected = CID if tree.driver == "cgroupfs" else f"cri-containerd-{CID}.scope"
+    assert fs.path("cpu", parent, CID, "cpu.stat") == pod_dir / expected / "cpu.stat"
+    assert fs.exists(parent, CID) and not fs.exists(parent, "other")
+    assert fs.has_file("cpu", "cpu.stat", parent, CID)
+
+
+def test_container_dirs_of_other_runtimes_are_found(tmp_path: Path) -> None:
+    tree = make_fake_cgroup_v2(tmp_path / "cg", driver="systemd")
+    parent = tree.add_pod(UID)
+    tree.add_container(parent, CID, runtime="crio")
+    assert tree.fs().path("cpu", parent, CID).name == f"crio-{CID}.scope"
+    # Not created yet: the driver's usual name.
+    assert tree.fs().path("cpu", parent, "new").name == "cri-containerd-new.scope"
+
+
+def test_file_names_per_version(tmp_path: Path) -> None:
+    v1 = make_fake_cgroup_v1(tmp_path / "v1").fs()
+    v2 = make_fake_cgroup_v2(tmp_path / "v2").fs()
+    settings = ("cpu.quota", "cpu.shares", "cpu.burst")
+    assert [v1.file_name(s) for s in settings] == ["cpu.cfs_quota_us", "cpu.shares", "cpu.cfs_burst_us"]
+    assert [v2.file_name(s) for s in settings] == ["cpu.max", "cpu.weight", "cpu.max.burst"]
+    with pytest.raises(CgroupUnsupported):
+        v1.file_name("memory.min")
+    with pytest.raises(CgroupUnsupported):
+        v2.file_name("memory.soft_limit")
+    assert set(FILES) >= {"cpu.idle", "cpu.bvt_warp_ns", "memory.high"}
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def test_cpu_helpers(tree: FakeCgroup) -> None:
+    fs = tree.fs()
+    parent = tree.add_pod(UID)
+    tree.add_container(parent, CID)
+    fs.set_cpu_quota(parent, 50000, 100000, container_id=CID)
+    assert fs.cpu_quota(parent, CID) == (50000, 100000)
+    fs.set_cpu_quota(parent, -1, 50000, container_id=CID)
+    assert fs.cpu_quota(parent, CID) == (-1, 50000)
+    fs.set_cpu_shares(parent, 1024, container_id=CID)
+    fs.set_cpu_burst(parent, 20000, container_id=CID)
+    fs.set_cpu_idle(parent, True, container_id=CID)
+    if tree.version is CgroupVersion.V2:
+        assert tree.read(parent, "cpu.max", CID) == "max 50000"
+        assert tree.read(parent, "cpu.weight", CID) == "39"
+        assert tree.read(parent, "cpu.max.burst", CID) == "20000"
+    else:
+        assert tree.read(parent, "cpu.cfs_quota_us", CID) == "-1"
+        assert tree.read(parent, "cpu.cfs_period_us", CID) == "50000"
+        assert tree.read(parent, "cpu.shares", CID) == "1024"
+        assert tree.read(parent, "cpu.cfs_burst_us", CID) == "20000"
+    assert fs.cpu_shares(parent, CID) in (1024, weight_to_shares(39))
+    assert tree.read(parent, "cpu.idle", CID) == "1"
+    with pytest.raises(CgroupUnsupported, match=r"no cpu\.bvt_warp_ns"):
+        fs.set_group_identity(parent, 2, container_id=CID)
+    with pytest.raises(ValueError):
+        fs.set_cpu_shares(parent, 1)
+
+
+def test_group_identity_on_anolis(tmp_path: Path) -> None:
+    tree = make_fake_cgroup_v1(tmp_path / "cg", anolis=True)
+    parent = tree.add_pod(UID)
+    tree.fs().set_group_identity(parent, -1)
+    assert tree.read(parent, "cpu.bvt_warp_ns") == "-1"
+
+
+def test_memory_helpers(tree: FakeCgroup) -> None:
+    fs = tree.fs()
+    parent = tree.add_pod(UID)
+    if tree.version is CgroupVersion.V2:
+        fs.set_memory_protection(parent, min_bytes=1 << 20, low_bytes=2 << 20, high_bytes=-1)
+        values = [tree.read(parent, f) for f in ("memory.min", "memory.low", "memory.high")]
+        assert values == [str(1 << 20), str(2 << 20), "max"]
+        fs.set_memory_protection(parent, high_bytes=3 << 20)
+        assert tree.read(parent, "memory.high") == str(3 << 20)
+        with pytest.raises(CgroupUnsupported):
+            fs.set_memory_soft_limit(parent, 1)
+    else:
+        fs.set_memory_soft_limit(parent, 1 << 20)
+        assert tree.read(parent, "memory.soft_limit_in_bytes") == str(1 << 20)
+        fs.set_memory_soft_limit(parent, None)
+        assert tree.read(parent, "memory.soft_limit_in_bytes") == "-1"
+        with pytest.raises(CgroupUnsupported):
+            fs.set_memory_protection(parent, min_bytes=1)
+
+
+def test_missing_cgroups_and_files(tree: FakeCgroup) -> None:
+    fs = tree.fs()
+    with pytest.raises(FileNotFoundError):
+        fs.set_cpu_quota("/kubepods/burstable/podgone", 50000)
+    with pytest.raises(FileNotFoundError):
+        fs.write("cpu", "cpu.nonexistent", 1, tree.add_pod(UID))  # cgroup files are never created
+
+
+def test_shares_and_weight_conversion() -> None:
+    assert shares_to_weight(2) == 1 and shares_to_weight(262144) == 10000 and shares_to_weight(1024) == 39
+    assert shares_to_weight(1) == 1 and shares_to_weight(10**9) == 10000
+    assert all(shares_to_weight(weight_to_shares(w)) == w for w in range(1, 10001))
+
+
+# --- safety --------------------------------------------------------------------------------------
+
+
+def test_symlinks_out_of_the_root_are_refused(tmp_path: Path, version: str) -> None:
+    tree = (make_fake_cgroup_v1 if version == "v1" else make_fake_cgroup_v2)(tmp_path / "cg")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cpu.max").write_text("secret")
+    base = tree.root / "cpu" if version == "v1" else tree.root
+    (base / "kubepods" / "evil").symlink_to(outside)
+    fs = tree.fs()
+    with pytest.raises(CgroupPathError, match="outside the cgroup root"):
+        fs.read("cpu", "cpu.max", "/kubepods/evil")
+    with pytest.raises(CgroupPathError):
+        fs.write("cpu", "cpu.max", "1", "/kubepods/evil")
+    assert (outside / "cpu.max").read_text() == "secret"
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("cpu", "../../etc/passwd", "/kubepods"), "file name"),
+        (("cpu", "cpu.max", "/kubepods", "../x"), "container id"),
+        (("cpu", "cpu.max", "/kubepods", "a/b"), "container id"),
+        (("../cpu", "cpu.max", "/kubepods"), "controller"),
+        (("cpu", "cpu.max", "/kubepods/../../"), r"'\.\.' segment"),
+    ],
+)
+def test_names_that_could_leave_the_root_are_refused(tmp_path: Path, args: tuple[str, ...], match: str) -> None:
+    fs = make_fake_cgroup_v1(tmp_path / "cg").fs()
+    with pytest.raises(CgroupPathError, match=match):
+        fs.read(*args)
+
+
+_segments = st.one_of(
+    st.sampled_from(["..", ".", "", "kubepods", "evil", "burstable", "a.slice", "kubepods-evil.slice", "\0", "/"]),
+    st.text(max_size=12),
+)
+_parents = st.lists(_segments, max_size=6).map("/".join) | st.text(max_size=40)
+_ids = st.one_of(st.none(), st.sampled_from(["..", ".", "a/b", "evil", CID, "/"]), st.text(max_size=20))
+_files = st.one_of(st.sampled_from(["cpu.max", "..", "../cpu.max", "cpu.max/x", "."]), st.text(max_size=12))
+
+
+@pytest.mark.parametrize("make", [make_fake_cgroup_v1, make_fake_cgroup_v2])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parent=_parents, container_id=_ids, file=_files)
+def test_no_parent_or_container_escapes_the_root(
+    tmp_path: Path, make: type, parent: str, container_id: str | None, file: str
+) -> None:
+    root = tmp_path / "cg"
+    if not root.exists():
+        tree = make(root, driver="systemd")
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        # The one way out is a symlink: plant some where generated parents may lead.
+        for directory in (*tree.mkdir("kubepods"), *tree.mkdir("kubepods.slice")):
+            target = directory / ("evil" if directory.name == "kubepods" else "kubepods-evil.slice")
+            target.symlink_to(outside)
+    fs = CgroupFS(root, "systemd")
+    try:
+        path = fs.path("cpu", parent, container_id, file)
+    except CgroupPathError:
+        return
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    assert real == real_root or real.startswith(real_root + os.sep), (parent, container_id, file, real)

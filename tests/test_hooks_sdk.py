@@ -1,0 +1,673 @@
+"""The runtime-hooks plugin API (hooks/sdk.py): registration, the kwargs contract, ordering,
+failure policies, timeouts of sync and async handlers, metrics and entry point discovery."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks import policy as policy_mod
+from runtimeproxy.hooks.qos import QoSClass, QoSResolution
+from runtimeproxy.hooks.sdk import (
+    ENTRY_POINT_GROUP,
+    HANDLER_KWARGS,
+    LIFECYCLE_KWARGS,
+    ContainerInfo,
+    HookCallFailed,
+    HookResponse,
+    HugepageLimit,
+    Plugin,
+    PluginDefinitionError,
+    PluginRunner,
+    PodInfo,
+    ResourceChanges,
+    Resources,
+    ServerContext,
+    discover_plugins,
+)
+
+from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+
+POD = PodInfo(
+    name="web",
+    namespace="default",
+    uid="1234-5678",
+    sandbox_id="sb1",
+    labels=MappingProxyType({"app": "web"}),
+    cgroup_parent="/kubepods/burstable/pod1234-5678",
+    resources=Resources(cpu_shares=512, cpu_quota=50000, cpu_period=100000),
+)
+BE_POD = PodInfo(
+    name="batch",
+    namespace="jobs",
+    uid="u-be",
+    labels=MappingProxyType({"koordinator.sh/qosClass": "BE"}),
+    cgroup_parent="/kubepods/besteffort/podu-be",
+)
+CONTAINER = ContainerInfo(
+    name="app", id="", attempt=0, resources=Resources(cpu_shares=512), env=(("A", "1"), ("B", "2"), ("A", "3"))
+)
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+RUN = HookPoint.PRE_RUN_POD_SANDBOX
+
+
+@pytest.fixture
+def runners() -> Iterator[list[PluginRunner]]:
+    made: list[PluginRunner] = []
+    yield made
+    for runner in made:
+        runner.close()
+
+
+@pytest.fixture
+def make_runner(runners: list[PluginRunner]) -> Any:
+    def make(*plugins: Plugin, **options: Any) -> PluginRunner:
+        options.setdefault("registry", CollectorRegistry())
+        runner = PluginRunner(plugins, **options)
+        runners.append(runner)
+        return runner
+
+    return make
+
+
+def sample(runner: PluginRunner, plugin: str, hook: str, outcome: str) -> float:
+    value = runner.metrics.registry.get_sample_value(
+        "runtimeproxy_hooks_plugin_calls_total", {"plugin": plugin, "hook": hook, "outcome": outcome}
+    )
+    return value or 0.0
+
+
+# --- registration ----------------------------------------------------------------------------
+
+
+def test_hook_points_follow_from_the_handlers() -> None:
+    plugin = Plugin("p")
+
+    @plugin.on(HookPoint.PRE_CREATE_CONTAINER, "PreUpdateContainerResources")
+    def handler(**kwargs: Any) -> None: ...
+
+    @plugin.on("PostStopPodSandboxHook")  # the RPC name works too
+    async def other(**kwargs: Any) -> None: ...
+
+    assert plugin.hook_points == {
+        HookPoint.PRE_CREATE_CONTAINER,
+        HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+        HookPoint.POST_STOP_POD_SANDBOX,
+    }
+    assert plugin.hook_points_ordered == [
+        HookPoint.POST_STOP_POD_SANDBOX,
+        HookPoint.PRE_CREATE_CONTAINER,
+        HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+    ]
+    create = plugin.handler(HookPoint.PRE_CREATE_CONTAINER)
+    stop = plugin.handler(HookPoint.POST_STOP_POD_SANDBOX)
+    assert create is not None and not create.is_async and create.fn is handler
+    assert stop is not None and stop.is_async
+
+
+def test_a_handler_without_kwargs_is_rejected_at_registration() -> None:
+    plugin = Plugin("p")
+    with pytest.raises(PluginDefinitionError, match=r"must accept \*\*kwargs"):
+
+        @plugin.on(CREATE)
+        def handler(pod: Any, response: Any) -> None: ...
+
+    assert plugin.hook_points == frozenset()
+    with pytest.raises(PluginDefinitionError, match=r"\*\*kwargs"):
+
+        @plugin.on_start
+        def start(server: Any) -> None: ...
+
+
+def test_a_handler_may_name_known_arguments_and_defaults_but_nothing_unknown() -> None:
+    plugin = Plugin("p")
+
+    @plugin.on(CREATE)
+    def fine(pod: Any, *, response: Any, future_thing: int = 3, **kwargs: Any) -> None: ...
+
+    with pytest.raises(PluginDefinitionError, match="'podd' is not an argument"):
+
+        @plugin.on(RUN)
+        def typo(*, podd: Any, **kwargs: Any) -> None: ...
+
+    with pytest.raises(PluginDefinitionError, match="positional-only"):
+
+        @plugin.on(RUN)
+        def positional(pod: Any, /, **kwargs: Any) -> None: ...
+
+
+def test_registration_errors_are_clear() -> None:
+    plugin = Plugin("p")
+    with pytest.raises(PluginDefinitionError, match="unknown runtime hook 'PreFly'"):
+        plugin.on("PreFly")
+    with pytest.raises(PluginDefinitionError, match="at least one hook point"):
+        plugin.on()
+    with pytest.raises(PluginDefinitionError, match="parentheses"):
+        plugin.on(lambda **kwargs: None)  # type: ignore[arg-type]
+
+    @plugin.on(CREATE)
+    def first(**kwargs: Any) -> None: ...
+
+    with pytest.raises(PluginDefinitionError, match="already has handler"):
+
+        @plugin.on(CREATE)
+        def second(**kwargs: Any) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ({"name": "bad name"}, "invalid plugin name"),
+        ({"name": "p", "failure_policy": "maybe"}, "failure_policy"),
+        ({"name": "p", "timeout": 0}, "timeout"),
+        ({"name": "p", "timeout": float("nan")}, "timeout"),
+        ({"name": "p", "order": "1"}, "order"),
+        ({"name": "p", "policy_section": "gpu"}, "no policy section"),
+    ],
+)
+def test_plugin_settings_are_checked(args: dict[str, Any], match: str) -> None:
+    with pytest.raises(PluginDefinitionError, match=match):
+        Plugin(**args)
+
+
+def test_failure_policy_accepts_the_registration_file_spelling() -> None:
+    assert Plugin("p", failure_policy="Fail").failure_policy == "fail"
+    assert Plugin("cpu").policy_section == "cpu"  # named like a policy section: reads it
+    assert Plugin("mine").policy_section is None
+
+
+# --- the kwargs contract -------------------------------------------------------------------------
+
+
+async def test_a_handler_gets_exactly_the_documented_arguments(make_runner: Any) -> None:
+    plugin = Plugin("cpu")
+    seen: dict[str, Any] = {}
+
+    @plugin.on(CREATE)
+    def handler(**kwargs: Any) -> None:
+        seen.update(kwargs)
+
+    context = ServerContext(cgroups=None, resctrl=None)
+    await make_runner(plugin, context=context).run(CREATE, pod=BE_POD, container=CONTAINER)
+    assert set(seen) == set(HANDLER_KWARGS)
+    assert seen["hook"] is CREATE
+    assert seen["pod"] is BE_POD and seen["container"] is CONTAINER
+    assert seen["qos"] is QoSClass.BE
+    assert isinstance(seen["qos_resolution"], QoSResolution) and seen["qos_resolution"].source == "koordinator-label"
+    assert seen["policy"] == policy_mod.DEFAULT_POLICY.cpu.BE
+    assert seen["policy_section"] == policy_mod.DEFAULT_POLICY.cpu
+    assert isinstance(seen["response"], HookResponse) and seen["response"].kind is HookKind.CONTAINER
+    assert seen["plugin"] is plugin
+    assert seen["cgroups"] is None and seen["resctrl"] is None
+    assert seen["log"] is not None
+
+
+async def test_named_arguments_and_async_handlers(make_runner: Any) -> None:
+    plugin = Plugin("mine")
+    got: list[Any] = []
+
+    @plugin.on(RUN)
+    async def handler(pod: PodInfo, *, container: Any, qos: QoSClass, policy: Any, **kwargs: Any) -> None:
+        got.extend([pod.name, container, qos, policy, sorted(kwargs)])
+
+    await make_runner(plugin).run(RUN, pod=POD)
+    assert got[:4] == ["web", None, QoSClass.LS, None]  # burstable cgroup parent -> LS; no policy section
+    assert set(got[4]) == set(HANDLER_KWARGS) - {"pod", "container", "qos", "policy"}
+
+
+async def test_policy_follows_the_current_policy(make_runner: Any) -> None:
+    plugin = Plugin("resctrl")
+    seen: list[Any] = []
+
+    @plugin.on(RUN)
+    def handler(policy: Any, **kwargs: Any) -> None:
+        seen.append(policy)
+
+    custom = policy_mod.loads_policy("resctrl:\n  BE: {l3_percent_range: [0, 10]}\n")
+    current = [policy_mod.DEFAULT_POLICY]
+    runner = make_runner(plugin, context=ServerContext(policy=lambda: current[0]))
+    await runner.run(RUN, pod=BE_POD)
+    current[0] = custom
+    await runner.run(RUN, pod=BE_POD)
+    assert seen == [policy_mod.DEFAULT_POLICY.resctrl.BE, custom.resctrl.BE]
+    assert seen[1].l3_percent_range == (0, 10)
+
+
+# --- ordering and merging ------------------------------------------------------------------------
+
+
+async def test_plugins_run_in_order_then_name_and_later_changes_win(make_runner: Any) -> None:
+    calls: list[str] = []
+
+    def plugin(name: str, order: int, quota: int) -> Plugin:
+        p = Plugin(name, order=order)
+
+        @p.on(CREATE)
+        def handler(response: HookResponse, **kwargs: Any) -> None:
+            calls.append(name)
+            response.resources.cpu_quota = quota
+            response.annotations[name] = "ran"
+            response.annotations["last"] = name
+            response.env.set("WHO", name)
+
+        return p
+
+    runner = make_runner(plugin("zeta", 1, 10000), plugin("alpha", 5, 20000), plugin("beta", 5, 30000))
+    result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+    assert calls == ["zeta", "alpha", "beta"]
+    assert [p.name for p in runner.plugins_for(CREATE)] == ["zeta", "alpha", "beta"]
+    assert result.applied == ["zeta", "alpha", "beta"]
+    assert result.response.resources.cpu_quota == 30000
+    assert result.response.annotations == {"zeta": "ran", "alpha": "ran", "beta": "ran", "last": "beta"}
+    assert result.response.env.items() == [("WHO", "beta")]
+
+
+def test_response_merge_rules() -> None:
+    base = HookResponse(HookKind.CONTAINER)
+    base.resources.unified["memory.high"] = "1G"
+    base.resources.cpu_shares = 100
+    base.env.set("A", "1")
+    base.cgroup_parent = "/kubepods/x"
+    later = HookResponse(HookKind.CONTAINER)
+    later.resources.unified["memory.low"] = "1M"
+    later.resources.hugepage_limits = [HugepageLimit("2MB", 1 << 21)]
+    later.env.update({"B": "2", "A": "3"})
+    base.merge(later)
+    assert base.resources.cpu_shares == 100  # zero in `later` means "unchanged"
+    assert base.resources.unified == {"memory.high": "1G", "memory.low": "1M"}
+    assert base.resources.hugepage_limits == [HugepageLimit("2MB", 1 << 21)]
+    assert base.env.items() == [("A", "3"), ("B", "2")]  # first position, last value
+    assert base.cgroup_parent == "/kubepods/x"
+    assert not base.is_empty() and HookResponse(HookKind.POD).is_empty()
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+
+def _setter(name: str, order: int = 100, **options: Any) -> Plugin:
+    plugin = Plugin(name, order=order, **options)
+
+    @plugin.on(CREATE, RUN)
+    def handler(response: HookResponse, **kwargs: Any) -> None:
+        response.annotations[name] = "ok"
+
+    return plugin
+
+
+async def test_a_crashing_ignore_plugin_is_skipped_and_its_partial_changes_dropped(make_runner: Any) -> None:
+    crash = Plugin("crash", order=50)
+
+    @crash.on(CREATE)
+    def handler(response: HookResponse, **kwargs: Any) -> None:
+        response.annotations["crash"] = "half-done"
+        response.resources.cpu_quota = 1000
+        raise RuntimeError("boom")
+
+    runner = make_runner(_setter("before", 10), crash, _setter("after", 90))
+    result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+    assert result.response.annotations == {"before": "ok", "after": "ok"}
+    assert result.response.resources.cpu_quota == 0
+    assert result.applied == ["before", "after"]
+    [failure] = result.failures
+    assert (failure.plugin, failure.outcome, failure.reason) == ("crash", "error", "RuntimeError: boom")
+    assert sample(runner, "crash", "PreCreateContainer", "error") == 1
+    assert sample(runner, "after", "PreCreateContainer", "ok") == 1
+
+
+async def test_a_failing_fail_plugin_fails_the_call_and_stops_the_rest(make_runner: Any) -> None:
+    strict = Plugin("strict", order=50, failure_policy="fail")
+
+    @strict.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        raise ValueError("no cpuset left")
+
+    after = _setter("after", 90)
+    runner = make_runner(_setter("before", 10), strict, after)
+    with pytest.raises(HookCallFailed, match="plugin strict failed at PreCreateContainer: ValueError: no cpuset left"):
+        await runner.run(CREATE, pod=POD, container=CONTAINER)
+    assert sample(runner, "after", "PreCreateContainer", "ok") == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda r: setattr(r.resources, "cpu_shares", 1), "cpu_shares"),
+        (lambda r: setattr(r.resources, "cpu_quota", "50000"), "cpu_quota must be an int"),
+        (lambda r: setattr(r.resources, "cpuset_cpus", "3-1"), "cpuset_cpus"),
+        (lambda r: r.resources.unified.update({"cgroup.procs": "1"}), "unified"),
+        (lambda r: r.labels.update({"a": "b"}), "container hooks cannot change pod labels"),
+        (lambda r: r.env.set("BAD=NAME", "x"), "env"),
+        (lambda r: r.annotations.update({"a": 1}), "annotations must be a dict of str to str"),
+        (lambda r: setattr(r.resources, "memory_limit_in_bytes", 1 << 70), "resources"),
+    ],
+)
+async def test_changes_the_proxy_would_refuse_are_the_plugins_failure(
+    make_runner: Any, change: Any, reason: str
+) -> None:
+    bad = Plugin("bad")
+
+    @bad.on(CREATE)
+    def handler(response: HookResponse, **kwargs: Any) -> None:
+        change(response)
+
+    runner = make_runner(bad, _setter("good"))
+    result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+    assert result.response.annotations == {"good": "ok"}
+    assert result.response.resources.is_empty() and not result.response.labels
+    [failure] = result.failures
+    assert failure.outcome == "invalid" and reason in failure.reason
+
+
+async def test_env_is_refused_in_pod_hooks(make_runner: Any) -> None:
+    bad = Plugin("bad")
+
+    @bad.on(RUN)
+    def handler(response: HookResponse, **kwargs: Any) -> None:
+        response.env.set("A", "1")
+
+    result = await make_runner(bad).run(RUN, pod=POD)
+    assert "pod hooks cannot change a container's environment" in result.failures[0].reason
+
+
+async def test_a_hanging_sync_handler_times_out_without_blocking_the_loop(make_runner: Any) -> None:
+    release = threading.Event()
+    hang = Plugin("hang", order=1, timeout=0.2)
+
+    @hang.on(CREATE)
+    def handler(response: HookResponse, **kwargs: Any) -> None:
+        response.annotations["hang"] = "late"
+        release.wait(30)
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    runner = make_runner(hang, _setter("after", 2))
+    tick_task = asyncio.create_task(ticker())
+    try:
+        started = time.monotonic()
+        result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+        elapsed = time.monotonic() - started
+    finally:
+        tick_task.cancel()
+        release.set()
+    assert 0.2 <= elapsed < 2.0
+    assert ticks >= 5  # the loop kept running while the handler hung in its thread
+    assert result.response.annotations == {"after": "ok"}
+    assert [(f.plugin, f.outcome) for f in result.failures] == [("hang", "timeout")]
+    assert sample(runner, "hang", "PreCreateContainer", "timeout") == 1
+
+
+async def test_a_plugin_with_too_many_hung_sync_calls_is_not_called_again(make_runner: Any) -> None:
+    release = threading.Event()
+    calls = 0
+    hang = Plugin("hang", timeout=0.05)
+
+    @hang.on(CREATE)
+    def handler(**kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        release.wait(30)
+
+    runner = make_runner(hang, max_hung=2)
+    try:
+        outcomes = [(await runner.run(CREATE, pod=POD, container=CONTAINER)).failures[0].outcome for _ in range(3)]
+    finally:
+        release.set()
+    assert outcomes == ["timeout", "timeout", "busy"]
+    assert calls == 2
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the threads end once released; the plugin runs again
+        result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+        if not result.failures:
+            break
+        await asyncio.sleep(0.02)
+    assert not result.failures
+
+
+async def test_a_hanging_async_handler_times_out_even_if_it_ignores_cancellation(make_runner: Any) -> None:
+    stubborn = Plugin("stubborn", order=1, timeout=0.1)
+    finished = asyncio.Event()
+
+    @stubborn.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # keeps going after the cancel, as a badly written plugin might
+            finished.set()
+
+    sleepy = Plugin("sleepy", order=2, timeout=0.1)
+
+    @sleepy.on(CREATE)
+    async def handler2(**kwargs: Any) -> None:
+        await asyncio.sleep(30)
+
+    runner = make_runner(stubborn, sleepy, _setter("after", 3))
+    started = time.monotonic()
+    result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+    assert time.monotonic() - started < 0.29  # did not wait for the stubborn one to give up
+    assert [(f.plugin, f.outcome) for f in result.failures] == [("stubborn", "timeout"), ("sleepy", "timeout")]
+    assert result.response.annotations == {"after": "ok"}
+    await asyncio.wait_for(finished.wait(), 2)
+
+
+async def test_a_sync_handler_returning_a_coroutine_is_an_error(make_runner: Any) -> None:
+    plugin = Plugin("p")
+
+    async def work() -> None: ...
+
+    @plugin.on(CREATE)
+    def handler(**kwargs: Any) -> Any:
+        return work()
+
+    result = await make_runner(plugin).run(CREATE, pod=POD, container=CONTAINER)
+    assert "declare it async def" in result.failures[0].reason
+
+
+# --- enabling ------------------------------------------------------------------------------------
+
+
+def test_enable_and_disable(make_runner: Any) -> None:
+    only_run = Plugin("pods")
+
+    @only_run.on(RUN)
+    def handler(**kwargs: Any) -> None: ...
+
+    runner = make_runner(_setter("a"), _setter("b"), only_run, disable=["b", "not-installed"])
+    assert [p.name for p in runner.plugins] == ["a", "pods"]
+    assert runner.hook_points == {CREATE, RUN}
+    runner = make_runner(_setter("a"), only_run, enable=["pods"])
+    assert runner.hook_points == {RUN}
+    with pytest.raises(ValueError, match="cannot enable nope: no such plugin"):
+        make_runner(_setter("a"), enable=["nope"])
+    with pytest.raises(ValueError, match="two plugins are named 'a'"):
+        make_runner(_setter("a"), _setter("a"))
+
+
+# --- lifecycle and reconcile -----------------------------------------------------------------------
+
+
+async def test_start_stop_and_reconcile_handlers(make_runner: Any) -> None:
+    plugin = Plugin("memory")
+    events: list[tuple[str, Any]] = []
+
+    @plugin.on(CREATE)
+    def handler(**kwargs: Any) -> None: ...
+
+    @plugin.on_start
+    def start(server: ServerContext, **kwargs: Any) -> None:
+        events.append(("start", [*sorted(kwargs), "server"]))
+
+    @plugin.on_stop
+    async def stop(**kwargs: Any) -> None:
+        events.append(("stop", None))
+
+    @plugin.reconcile
+    def reconcile(pods: list[PodInfo], policy_for: Any, node: str = "", **kwargs: Any) -> None:
+        events.append(("reconcile", ([p.name for p in pods], policy_for(QoSClass.BE), node)))
+
+    runner = make_runner(plugin)
+    assert await runner.start() == []
+    assert await runner.reconcile(pods=[POD, BE_POD], node="n1") == []
+    assert await runner.stop() == []
+    assert events[0] == ("start", sorted(LIFECYCLE_KWARGS))
+    assert events[1] == ("reconcile", (["web", "batch"], policy_mod.DEFAULT_POLICY.memory.BE, "n1"))
+    assert events[2] == ("stop", None)
+
+
+async def test_a_plugin_that_cannot_start_is_disabled_or_stops_the_server(make_runner: Any) -> None:
+    def failing(name: str, policy: str) -> Plugin:
+        plugin = _setter(name, failure_policy=policy)
+
+        @plugin.on_start
+        def start(**kwargs: Any) -> None:
+            raise OSError("no cgroup")
+
+        return plugin
+
+    runner = make_runner(failing("soft", "ignore"), _setter("fine"))
+    failures = await runner.start()
+    assert [(f.plugin, f.reason) for f in failures] == [("soft", "OSError: no cgroup")]
+    assert [p.name for p in runner.plugins] == ["fine"]
+    runner = make_runner(failing("hard", "fail"), _setter("fine"))
+    with pytest.raises(HookCallFailed, match="plugin hard failed at start"):
+        await runner.start()
+
+
+async def test_a_failing_reconcile_is_reported_not_raised(make_runner: Any) -> None:
+    plugin = Plugin("p", failure_policy="fail")
+
+    @plugin.reconcile
+    def reconcile(**kwargs: Any) -> None:
+        raise RuntimeError("cgroup gone")
+
+    runner = make_runner(plugin)
+    [failure] = await runner.reconcile(pods=[])
+    assert (failure.hook, failure.reason) == ("reconcile", "RuntimeError: cgroup gone")
+    assert sample(runner, "p", "reconcile", "error") == 1
+
+
+# --- resources ------------------------------------------------------------------------------------
+
+
+def test_resource_changes_round_trip_through_the_wire_message() -> None:
+    from runtimeproxy.hooks.sdk import resources_from_proto, resources_to_proto
+
+    changes = ResourceChanges(
+        cpu_quota=50000,
+        cpu_period=100000,
+        cpuset_cpus="0-3",
+        unified={"memory.high": "max"},
+        hugepage_limits=[HugepageLimit("2MB", 4 << 20)],
+    )
+    back = resources_from_proto(resources_to_proto(changes))
+    assert (back.cpu_quota, back.cpu_period, back.cpuset_cpus) == (50000, 100000, "0-3")
+    assert dict(back.unified) == {"memory.high": "max"}
+    assert back.hugepage_limits == (HugepageLimit("2MB", 4 << 20),)
+    assert changes.problems() == []
+
+
+# --- discovery ------------------------------------------------------------------------------------
+
+GOOD_MODULE = """
+from runtimeproxy.hooks.sdk import Plugin
+
+plugin = Plugin("{name}", version="1.2", order=7)
+
+@plugin.on("PreCreateContainer")
+def handler(response, **kwargs):
+    response.annotations["{name}"] = "yes"
+"""
+
+
+def make_distribution(site: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+    """An installed distribution as importlib.metadata sees one: a dist-info directory on sys.path."""
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"  # wheel naming: the first dash ends the name
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{lines}")
+    for module, source in modules.items():
+        (site / f"{module}.py").write_text(source)
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
+    """A directory on sys.path for fake distributions, and a unique module name prefix."""
+    path = tmp_path / "site"
+    path.mkdir()
+    monkeypatch.syspath_prepend(str(path))
+    prefix = f"rh_{uuid.uuid4().hex[:8]}"
+    yield path, prefix
+    for name in [m for m in sys.modules if m.startswith(prefix)]:
+        del sys.modules[name]
+
+
+def test_discovery_from_real_entry_points(site: tuple[Path, str]) -> None:
+    path, prefix = site
+    make_distribution(
+        path,
+        f"{prefix}-plugins",
+        {
+            "good": f"{prefix}_good:plugin",
+            "whole-module": f"{prefix}_module",
+            "missing": f"{prefix}_missing:plugin",
+            "crashes": f"{prefix}_crash:plugin",
+            "not-a-plugin": f"{prefix}_good:GOOD",
+            "empty": f"{prefix}_empty:plugin",
+        },
+        {
+            f"{prefix}_good": GOOD_MODULE.format(name=f"{prefix}-good") + "GOOD = 1\n",
+            f"{prefix}_module": GOOD_MODULE.format(name=f"{prefix}-module"),
+            f"{prefix}_crash": "raise RuntimeError('import-time failure')\n",
+            f"{prefix}_empty": f"from runtimeproxy.hooks.sdk import Plugin\nplugin = Plugin('{prefix}-empty')\n",
+        },
+    )
+    result = discover_plugins()
+    mine = [p for p in result.plugins if p.name.startswith(prefix)]
+    assert sorted(p.name for p in mine) == [f"{prefix}-good", f"{prefix}-module"]
+    assert {p.version for p in mine} == {"1.2"}
+    assert all(p.hook_points == {CREATE} for p in mine)
+    failures = {f.name: f for f in result.failures if f.source.startswith(f"{prefix}-plugins")}
+    assert set(failures) == {"missing", "crashes", "not-a-plugin", "empty"}
+    assert failures["missing"].reason.startswith("ModuleNotFoundError")
+    assert failures["crashes"].reason == "RuntimeError: import-time failure"
+    assert "is a int, not a runtimeproxy Plugin" in failures["not-a-plugin"].reason
+    assert "registers no handlers" in failures["empty"].reason
+    assert failures["missing"].source == f"{prefix}-plugins 1.0: missing = {prefix}_missing:plugin"
+
+
+def test_duplicate_plugin_names_are_all_refused(site: tuple[Path, str]) -> None:
+    path, prefix = site
+    name = f"{prefix}-dup"
+    for dist in ("one", "two"):
+        module = f"{prefix}_{dist}"
+        source = GOOD_MODULE.format(name=name)
+        make_distribution(path, f"{prefix}-{dist}", {"dup": f"{module}:plugin"}, {module: source})
+    result = discover_plugins()
+    assert name not in result.names()
+    dups = [f for f in result.failures if f.name == name]
+    assert len(dups) == 2
+    assert all("duplicate plugin name" in f.reason for f in dups)
+
+
+def test_discovery_takes_an_explicit_list() -> None:
+    explicit = _setter("explicit-one")
+    empty = Plugin("explicit-empty")
+    result = discover_plugins(group="runtimeproxy.hooks.test-none", extra=[explicit, empty])
+    assert result.plugins == (explicit,)
+    assert [(f.name, f.source) for f in result.failures] == [("explicit-empty", "explicit")]
