@@ -1,0 +1,1 @@
+"""The built-in runtime-hooks plugins, one module each; listed as entry points in pyproject.toml."""
