@@ -1,9 +1,12 @@
 """``runtime-hooks``: the hook server that applies QoS per pod class through its plugins.
 
-``runtime-hooks serve`` serves RuntimeHookService for the proxy; ``runtime-hooks plugins``
-lists the installed plugins. Every option of both can also be set through an environment
-variable ``RUNTIME_HOOKS_<OPTION>`` (``RUNTIME_HOOKS_ENDPOINT``, ``RUNTIME_HOOKS_ENABLE``
-with names separated by spaces...), shown in each help.
+``runtime-hooks serve`` serves RuntimeHookService for the proxy and reconciles the live pods
+every interval; ``runtime-hooks plugins`` lists the installed plugins; ``runtime-hooks
+explain POD.yaml`` rehearses what the plugins would do for a Pod without doing it;
+``runtime-hooks policy show|check`` prints the effective policy or checks a policy file.
+Every option of serve, plugins and explain can also be set through an environment variable
+``RUNTIME_HOOKS_<OPTION>`` (``RUNTIME_HOOKS_ENDPOINT``, ``RUNTIME_HOOKS_ENABLE`` with names
+separated by spaces...), shown in each help.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -27,7 +31,8 @@ from runtimeproxy.metrics import start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 
 from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS
-from .policy import DEFAULT_POLICY, PolicyError, PolicyWatcher, load_policy
+from .policy import DEFAULT_POLICY, Policy, PolicyError, PolicyWatcher, dump_policy, load_policy
+from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl import ResctrlFS
 from .sdk import DiscoveryResult, HookCallFailed, PluginRunner, ServerContext, discover_plugins
@@ -64,6 +69,30 @@ _disable_option = click.option(
     show_envvar=True,
     help="Do not run these plugins (repeatable; in the variable, separated by spaces).",
 )
+_cgroup_root_option = click.option(
+    "--cgroup-root",
+    type=click.Path(file_okay=False),
+    default=CGROUP_ROOT,
+    show_default=True,
+    show_envvar=True,
+    help="Where the cgroup hierarchy (v1 or v2) is mounted.",
+)
+_cgroup_driver_option = click.option(
+    "--cgroup-driver",
+    type=click.Choice(DRIVERS),
+    default="cgroupfs",
+    show_default=True,
+    show_envvar=True,
+    help="The kubelet's cgroup driver: decides how container cgroups are looked up first.",
+)
+_resctrl_root_option = click.option(
+    "--resctrl-root",
+    type=click.Path(file_okay=False),
+    default=str(RESCTRL_ROOT),
+    show_default=True,
+    show_envvar=True,
+    help="Where resctrl is mounted; plugins get no resctrl handle when it is not.",
+)
 
 
 @cli.command(context_settings={"auto_envvar_prefix": _ENV_PREFIX})
@@ -82,30 +111,9 @@ _disable_option = click.option(
     show_envvar=True,
     help="The proxy's hook config directory; runtime-hooks.json is written there while serving. Empty: none.",
 )
-@click.option(
-    "--cgroup-root",
-    type=click.Path(file_okay=False),
-    default=CGROUP_ROOT,
-    show_default=True,
-    show_envvar=True,
-    help="Where the cgroup hierarchy (v1 or v2) is mounted.",
-)
-@click.option(
-    "--cgroup-driver",
-    type=click.Choice(DRIVERS),
-    default="cgroupfs",
-    show_default=True,
-    show_envvar=True,
-    help="The kubelet's cgroup driver: decides how container cgroups are looked up first.",
-)
-@click.option(
-    "--resctrl-root",
-    type=click.Path(file_okay=False),
-    default=str(RESCTRL_ROOT),
-    show_default=True,
-    show_envvar=True,
-    help="Where resctrl is mounted; plugins get no resctrl handle when it is not.",
-)
+@_cgroup_root_option
+@_cgroup_driver_option
+@_resctrl_root_option
 @click.option(
     "--policy",
     "policy_file",
@@ -117,6 +125,14 @@ _disable_option = click.option(
 )
 @_enable_option
 @_disable_option
+@click.option(
+    "--runtime-endpoint",
+    default=DEFAULT_RUNTIME_ENDPOINT,
+    show_default=True,
+    show_envvar=True,
+    help="The CRI runtime (containerd) the reconciler lists the live pods from every "
+    "reconciler.interval_seconds of the policy. Empty: no reconciling.",
+)
 @click.option(
     "--metrics-address",
     default="",
@@ -147,11 +163,16 @@ def serve(
     policy_file: str | None,
     enable: tuple[str, ...],
     disable: tuple[str, ...],
+    runtime_endpoint: str,
     metrics_address: str,
     log_level: str,
     log_format: str,
 ) -> None:
-    """Serve runtime hooks on ENDPOINT and register them with the proxy."""
+    """Serve runtime hooks on ENDPOINT and register them with the proxy.
+
+    Every reconciler.interval_seconds (policy) the plugins also re-apply what they own to
+    the pods the CRI runtime at RUNTIME_ENDPOINT runs.
+    """
     configure_logging(log_level.lower(), log_format.lower())
     endpoint = _socket_path(endpoint)
     if policy_file is not None and os.path.exists(policy_file):
@@ -162,7 +183,8 @@ def serve(
     discovery = discover_plugins()
     for failure in discovery.failures:
         log.error("plugin not loaded", entry_point=failure.name, source=failure.source, reason=failure.reason)
-    watcher = PolicyWatcher(policy_file) if policy_file else None
+    policy_listeners: list[Callable[[Policy], object]] = []
+    watcher = PolicyWatcher(policy_file, on_change=_fan_out(policy_listeners)) if policy_file else None
     resctrl = ResctrlFS(Path(resctrl_root))
     context = ServerContext(
         cgroups=CgroupFS(cgroup_root, cgroup_driver),
@@ -175,6 +197,7 @@ def serve(
             "cgroup_driver": cgroup_driver,
             "resctrl_root": resctrl_root,
             "policy_file": policy_file,
+            "runtime_endpoint": runtime_endpoint,
         },
     )
     registry = CollectorRegistry()
@@ -185,8 +208,9 @@ def serve(
     except ValueError as exc:
         _refuse(str(exc))
     settings = ServerSettings(endpoint=endpoint, hook_config_dir=hook_config_dir or None)
+    serving = _Serving(runner, settings, watcher, policy_listeners, registry, metrics_address, runtime_endpoint)
     try:
-        code = asyncio.run(_serve(runner, settings, watcher, registry, metrics_address))
+        code = asyncio.run(_serve(serving))
     except (AlreadyServing, HookCallFailed, OSError, ValueError) as exc:
         _refuse(str(exc))
     sys.exit(code)
@@ -205,19 +229,62 @@ def _refuse(reason: str) -> NoReturn:
     sys.exit(1)
 
 
-async def _serve(
-    runner: PluginRunner,
-    settings: ServerSettings,
-    watcher: PolicyWatcher | None,
-    registry: CollectorRegistry,
-    metrics_address: str,
-) -> int:
+def _fan_out(listeners: list[Callable[[Policy], object]]) -> Callable[[Policy], None]:
+    """One PolicyWatcher on_change that calls every listener added to ``listeners`` since."""
+
+    def changed(policy: Policy) -> None:
+        for listener in listeners:
+            listener(policy)
+
+    return changed
+
+
+class _Serving:
+    """What _serve needs: the runner and server settings, the policy watcher and its
+    listeners, metrics, and the runtime the reconciler reads ("" for none)."""
+
+    def __init__(
+        self,
+        runner: PluginRunner,
+        settings: ServerSettings,
+        watcher: PolicyWatcher | None,
+        policy_listeners: list[Callable[[Policy], object]],
+        registry: CollectorRegistry,
+        metrics_address: str,
+        runtime_endpoint: str,
+    ) -> None:
+        self.runner = runner
+        self.settings = settings
+        self.watcher = watcher
+        self.policy_listeners = policy_listeners
+        self.registry = registry
+        self.metrics_address = metrics_address
+        self.runtime_endpoint = runtime_endpoint
+
+
+def _start_reconciler(serving: _Serving) -> Reconciler | None:
+    """The reconciler, started, unless there is no runtime to read or no plugin reconciles."""
+    if not serving.runtime_endpoint:
+        log.info("reconciler off: no --runtime-endpoint")
+        return None
+    if not any(plugin.reconcile_handler is not None for plugin in serving.runner.plugins):
+        log.info("reconciler off: no enabled plugin reconciles")
+        return None
+    reconciler = Reconciler.for_endpoint(serving.runner, serving.runtime_endpoint, registry=serving.registry)
+    serving.policy_listeners.append(reconciler.poke)  # an interval change takes effect at once
+    reconciler.start()
+    return reconciler
+
+
+async def _serve(serving: _Serving) -> int:
+    watcher = serving.watcher
     if watcher is not None:
         await watcher.start()
-    server = RuntimeHooksServer(runner, settings)
+    server = RuntimeHooksServer(serving.runner, serving.settings)
     try:
         await server.start()  # takes the socket's lock first: a second instance stops here
-        metrics_server = start_metrics_server(metrics_address, registry) if metrics_address else None
+        metrics_address = serving.metrics_address
+        metrics_server = start_metrics_server(metrics_address, serving.registry) if metrics_address else None
     except BaseException:
         await server.stop(0)
         if watcher is not None:
@@ -227,12 +294,15 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    watchdog = Watchdog()
+    watchdog = Watchdog()  # WATCHDOG=1 every WatchdogSec/2 from this loop: a wedged loop gets restarted
     watchdog.start()
+    reconciler = _start_reconciler(serving)
     notify("READY=1\nSTATUS=serving runtime hooks")
     log.info("ready", metrics_address=metrics_server.address if metrics_server else None)
     await stop.wait()
     notify("STOPPING=1")
+    if reconciler is not None:
+        await reconciler.stop()  # before the plugins' on_stop: no round may run on stopped plugins
     await server.stop()
     watchdog.stop()
     if watcher is not None:
@@ -307,6 +377,148 @@ def _table(discovery: DiscoveryResult, enabled: set[str]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
         for row in rows
     )
+
+
+@cli.command(context_settings={"auto_envvar_prefix": _ENV_PREFIX})
+@click.argument("manifest", metavar="POD.yaml", type=click.Path(dir_okay=False))
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar=f"{_ENV_PREFIX}_POLICY",
+    show_envvar=True,
+    help="Per-class policy YAML laid over the defaults.  [default: the built-in policy]",
+)
+@_cgroup_root_option
+@_cgroup_driver_option
+@_resctrl_root_option
+@_enable_option
+@_disable_option
+@click.option(
+    "--output",
+    type=click.Choice(["text", "json"], case_sensitive=False),
+    default="text",
+    show_default=True,
+    help="text: for people; json: one JSON object.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False),
+    default="critical",
+    show_default=True,
+    help="The plugins' own log lines, on stderr (their failures are in the output anyway).",
+)
+def explain(
+    manifest: str,
+    policy_file: str | None,
+    cgroup_root: str,
+    cgroup_driver: CgroupDriver,
+    resctrl_root: str,
+    enable: tuple[str, ...],
+    disable: tuple[str, ...],
+    output: str,
+    log_level: str,
+) -> None:
+    """Show what the plugins would do for the Pod in POD.yaml, without doing it.
+
+    The manifest becomes the CRI requests kubelet would send (as `runtime-proxy play`
+    computes them); the plugins then run at PreRunPodSandbox and, per container,
+    PreCreateContainer, PostCreateContainer, PreStartContainer and PostStartContainer, with
+    cgroup and resctrl handles that record writes instead of making them. Printed: the
+    pod's QoS class and why, and per plugin every response field and node write (with
+    its target file). Nothing on the node is changed. Exits 1 when the manifest, the policy
+    or --enable is unusable.
+    """
+    configure_logging(log_level.lower(), "console")
+    # stdout is the explanation; a one-shot command needs no logger caching.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=False)
+    from runtimeproxy.play.manifest import ManifestError  # imports kubernetes: only here
+
+    from .explain import explain_manifest, render_text
+
+    try:
+        policy = load_policy(policy_file) if policy_file else DEFAULT_POLICY
+    except PolicyError as exc:
+        _fail(str(exc))
+    discovery = discover_plugins()
+    try:
+        runner = PluginRunner(discovery.plugins, enable=enable or None, disable=disable)
+    except ValueError as exc:
+        _fail(str(exc))
+    runner.close()
+    try:
+        explanation = asyncio.run(
+            explain_manifest(
+                manifest,
+                runner.plugins,
+                policy=policy,
+                policy_source=f"{policy_file} over the defaults" if policy_file else "built-in defaults",
+                cgroup_root=cgroup_root,
+                cgroup_driver=cgroup_driver,
+                resctrl_root=resctrl_root,
+            )
+        )
+    except ManifestError as exc:
+        _fail(str(exc))
+    explanation.notes += [f"plugin {f.name} not loaded ({f.source}): {f.reason}" for f in discovery.failures]
+    if output.lower() == "json":
+        click.echo(json.dumps(explanation.to_dict(), indent=2))
+    else:
+        click.echo(render_text(explanation))
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"runtime-hooks: {message}", err=True)
+    sys.exit(1)
+
+
+@cli.group()
+def policy() -> None:
+    """Show the effective policy, or check a policy file."""
+
+
+@policy.command("show")
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    envvar=f"{_ENV_PREFIX}_POLICY",
+    show_envvar=True,
+    help="Policy file to lay over the defaults.  [default: none, the built-in policy]",
+)
+def policy_show(policy_file: str | None) -> None:
+    """Print the effective policy as YAML: the defaults with FILE laid over them.
+
+    Every key is printed, those the file leaves out with their default value. A file that
+    does not exist gives the defaults (as `serve` does until it appears), with a warning;
+    an invalid one exits 1 with the error.
+    """
+    if policy_file is None:
+        effective, source = DEFAULT_POLICY, "the built-in defaults"
+    elif not os.path.exists(policy_file):
+        click.echo(f"runtime-hooks: {policy_file} does not exist; serve would use the defaults until it does", err=True)
+        effective, source = DEFAULT_POLICY, f"the built-in defaults ({policy_file} does not exist)"
+    else:
+        try:
+            effective = load_policy(policy_file)
+        except PolicyError as exc:
+            _fail(str(exc))
+        source = f"the defaults with {policy_file} laid over them"
+    click.echo(f"# effective runtime-hooks policy: {source}")
+    click.echo(dump_policy(effective), nl=False)
+
+
+@policy.command("check")
+@click.argument("file", type=click.Path(dir_okay=False))
+def policy_check(file: str) -> None:
+    """Check a policy file: "ok" and exit 0, or the error (file, YAML path, reason) and exit 1."""
+    try:
+        load_policy(file)
+    except PolicyError as exc:
+        _fail(str(exc))
+    click.echo("ok")
 
 
 def main() -> None:

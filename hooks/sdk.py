@@ -96,6 +96,7 @@ __all__ = [
     "PluginRunner",
     "PodInfo",
     "QoSClass",
+    "ReconcileReport",
     "ResourceChanges",
     "Resources",
     "RunResult",
@@ -128,6 +129,9 @@ ENTRY_POINT_GROUP: Final = "runtimeproxy.hooks"
 #: * ``resctrl``: ResctrlFS when resctrl is mounted, else None.
 #: * ``log``: a structlog logger bound with plugin, hook, pod (and container).
 #: * ``plugin``: the Plugin itself.
+#: * ``dry_run``: True when the call is a rehearsal (``runtime-hooks explain``): ``cgroups`` and
+#:   ``resctrl`` then record writes instead of making them, and a plugin that changes the node
+#:   any other way (netlink, sysctl, files of its own) must not do so. False in the server.
 HANDLER_KWARGS: Final = (
     "hook",
     "pod",
@@ -141,14 +145,40 @@ HANDLER_KWARGS: Final = (
     "resctrl",
     "log",
     "plugin",
+    "dry_run",
 )
 #: What on_start and on_stop handlers get: ``server`` (ServerContext) and the node handles.
-LIFECYCLE_KWARGS: Final = ("server", "plugin", "cgroups", "resctrl", "policy_section", "policy_for", "log")
-#: What reconcile handlers get: the caller's ``pods`` (and whatever else it passes) plus these.
-RECONCILE_KWARGS: Final = ("pods", "plugin", "cgroups", "resctrl", "policy_section", "policy_for", "log")
+LIFECYCLE_KWARGS: Final = ("server", "plugin", "cgroups", "resctrl", "policy_section", "policy_for", "log", "dry_run")
+#: What reconcile handlers get (whatever else the caller passes comes too):
+#:
+#: * ``pods``: the live pods (PodInfo, ``sandbox_id`` set), in no particular order.
+#: * ``containers``: their running (or created) containers by the pod's ``sandbox_id``
+#:   (Mapping[str, tuple[ContainerInfo, ...]]; a pod without containers may be missing).
+#: * ``gone``: the pods (PodInfo) that were live at the previous round and are not any more;
+#:   ``gone_containers``: likewise for containers, by sandbox id (those of gone pods
+#:   included). Empty at the first round: the authoritative list is always ``pods``.
+#: * the node handles, ``policy_section``, ``policy_for(qos)``, ``log``, ``plugin``, ``dry_run``.
+#:
+#: A reconcile handler returns how many values it found drifted and set back (an int >= 0;
+#: None counts as 0): see PluginRunner.reconcile_report.
+RECONCILE_KWARGS: Final = (
+    "pods",
+    "containers",
+    "gone",
+    "gone_containers",
+    "plugin",
+    "cgroups",
+    "resctrl",
+    "policy_section",
+    "policy_for",
+    "log",
+    "dry_run",
+)
 
 FailurePolicy = Literal["ignore", "fail"]
 Outcome = Literal["ok", "error", "timeout", "invalid", "busy"]
+# What running one handler gave: outcome, reason ("" when ok) and its return value (None unless ok).
+_Called = tuple[Outcome, str, Any]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", re.ASCII)
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -217,12 +247,17 @@ class ContainerInfo:
 
 @dataclass(frozen=True)
 class ServerContext:
-    """What the server offers plugins outside a hook call (on_start / on_stop get it as ``server``)."""
+    """What the server offers plugins outside a hook call (on_start / on_stop get it as ``server``).
+
+    ``dry_run``: the handles record instead of writing (``runtime-hooks explain``); passed to
+    every handler as ``dry_run``.
+    """
 
     cgroups: CgroupFS | None = None
     resctrl: ResctrlFS | None = None
     policy: Callable[[], policy_mod.Policy] = lambda: policy_mod.DEFAULT_POLICY
     settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    dry_run: bool = False
 
 
 # --- what handlers write ---------------------------------------------------------------------
@@ -628,7 +663,8 @@ class Plugin:
         return fn
 
     def reconcile(self, fn: _F) -> _F:
-        """Decorator: call ``fn(pods=..., **kwargs)`` every reconcile interval (see PluginRunner.reconcile)."""
+        """Decorator: call ``fn(pods=..., containers=..., gone=..., **kwargs)`` every reconcile
+        interval (see RECONCILE_KWARGS); it returns how many drifted values it set back."""
         self.reconcile_handler = self._single(fn, "reconcile", self.reconcile_handler, RECONCILE_KWARGS)
         return fn
 
@@ -815,6 +851,15 @@ class RunResult:
     failures: list[PluginFailure] = field(default_factory=list)
 
 
+@dataclass
+class ReconcileReport:
+    """One reconcile round: per plugin that ran, how many drifted values it set back (its
+    handler's return value), and the failures (logged and counted, never raised)."""
+
+    repaired: dict[str, int] = field(default_factory=dict)
+    failures: list[PluginFailure] = field(default_factory=list)
+
+
 class HookCallFailed(Exception):
     """A plugin with failure_policy "fail" failed: the hook call fails."""
 
@@ -887,6 +932,7 @@ class PluginRunner:
         self._running_sync: dict[str, int] = {}
         self._lock = threading.Lock()
         self._orphans: set[asyncio.Future[Any]] = set()
+        self._odd_returns: set[str] = set()  # plugins warned about their reconcile return value
         self._set_enabled([available[name] for name in wanted - disabled])
 
     def _set_enabled(self, plugins: Iterable[Plugin]) -> None:
@@ -942,8 +988,9 @@ class PluginRunner:
                 "resctrl": self.context.resctrl,
                 "log": _plugin_log.bind(plugin=plugin.name, **bound),
                 "plugin": plugin,
+                "dry_run": self.context.dry_run,
             }
-            outcome, reason = await self._call(plugin, handler, point.value, kwargs)
+            outcome, reason, _ = await self._call(plugin, handler, point.value, kwargs)
             if outcome == "ok":
                 problems = response.problems()
                 if problems:
@@ -986,18 +1033,40 @@ class PluginRunner:
     async def reconcile(self, *, pods: Sequence[PodInfo], **extra: Any) -> list[PluginFailure]:
         """Call every enabled plugin's reconcile handler with ``pods``, ``extra`` and the node
         handles; failures are logged, counted and returned, whatever the failure policy."""
-        failures = []
+        return (await self.reconcile_report(pods=pods, **extra)).failures
+
+    async def reconcile_report(
+        self,
+        *,
+        pods: Sequence[PodInfo],
+        containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
+        gone: Sequence[PodInfo] = (),
+        gone_containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
+        **extra: Any,
+    ) -> ReconcileReport:
+        """``reconcile``, also giving what each handler returned: the number of drifted values
+        it set back. A return value that is not an int >= 0 (or None, for 0) is logged and
+        taken as 0; the call still counts as "ok"."""
+        report = ReconcileReport()
+        given = {
+            "pods": pods,
+            "containers": MappingProxyType(dict(containers or {})),
+            "gone": tuple(gone),
+            "gone_containers": MappingProxyType(dict(gone_containers or {})),
+        }
         for plugin in self.plugins:
             handler = plugin.reconcile_handler
             if handler is None:
                 continue
-            kwargs = {**extra, **self._node_kwargs(plugin, _Stage.RECONCILE), "pods": pods}
-            outcome, reason = await self._call(plugin, handler, _Stage.RECONCILE.value, kwargs)
+            kwargs = {**extra, **self._node_kwargs(plugin, _Stage.RECONCILE), **given}
+            outcome, reason, value = await self._call(plugin, handler, _Stage.RECONCILE.value, kwargs)
             if outcome != "ok":
                 failure = PluginFailure(plugin.name, _Stage.RECONCILE.value, outcome, reason, plugin.failure_policy)
                 self._log_failure(failure, {"hook": _Stage.RECONCILE.value})
-                failures.append(failure)
-        return failures
+                report.failures.append(failure)
+                continue
+            report.repaired[plugin.name] = _repair_count(plugin.name, value, self._odd_returns)
+        return report
 
     def close(self) -> None:
         """Run no more sync handlers. Their threads are daemon threads: a hung one never delays exit."""
@@ -1008,7 +1077,7 @@ class PluginRunner:
         if handler is None:
             return None
         kwargs = {**self._node_kwargs(plugin, stage), "server": self.context}
-        outcome, reason = await self._call(plugin, handler, stage.value, kwargs)
+        outcome, reason, _ = await self._call(plugin, handler, stage.value, kwargs)
         if outcome == "ok":
             return None
         failure = PluginFailure(plugin.name, stage.value, outcome, reason, plugin.failure_policy)
@@ -1028,22 +1097,24 @@ class PluginRunner:
             "policy_section": _section(policy, plugin),
             "policy_for": policy_for,
             "log": _plugin_log.bind(plugin=plugin.name, hook=stage.value),
+            "dry_run": self.context.dry_run,
         }
 
-    async def _call(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> tuple[Outcome, str]:
+    async def _call(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
+        """Outcome, reason and (when "ok") the handler's return value."""
         started = time.perf_counter()
         if handler.is_async:
-            outcome, reason = await self._call_async(plugin, handler, kwargs)
+            called = await self._call_async(plugin, handler, kwargs)
         else:
-            outcome, reason = await self._call_sync(plugin, handler, kwargs)
-        self.metrics.record(plugin.name, hook, outcome, time.perf_counter() - started)
-        return outcome, reason
+            called = await self._call_sync(plugin, handler, kwargs)
+        self.metrics.record(plugin.name, hook, called[0], time.perf_counter() - started)
+        return called
 
-    async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> tuple[Outcome, str]:
+    async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> _Called:
         try:
             task = asyncio.ensure_future(handler.fn(**kwargs))
         except Exception as exc:  # the call itself raised before returning a coroutine
-            return "error", _reason(exc)
+            return "error", _reason(exc), None
         # asyncio.wait, not wait_for: a handler that swallows its cancellation must not hold up the call.
         try:
             done, _ = await asyncio.wait({task}, timeout=plugin.timeout)
@@ -1054,16 +1125,16 @@ class PluginRunner:
         if not done:
             task.cancel()
             self._keep_orphan(task, plugin)
-            return "timeout", f"no answer within {plugin.timeout:g}s"
+            return "timeout", f"no answer within {plugin.timeout:g}s", None
         return _task_outcome(task)
 
-    async def _call_sync(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> tuple[Outcome, str]:
+    async def _call_sync(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> _Called:
         if self._closed:
-            return "error", "not run: the runner is closed"
+            return "error", "not run: the runner is closed", None
         with self._lock:
             running = self._running_sync.get(plugin.name, 0)
             if running >= self._max_hung:
-                return "busy", f"{running} earlier calls of its sync handlers are still running"
+                return "busy", f"{running} earlier calls of its sync handlers are still running", None
             self._running_sync[plugin.name] = running + 1
         context = contextvars.copy_context()
         work = _in_thread(
@@ -1082,7 +1153,7 @@ class PluginRunner:
             # Detached, the thread's end does not touch the loop (which may be closed by then).
             future.cancel()
             work.add_done_callback(functools.partial(_late_end, plugin.name))
-            return "timeout", f"no answer within {plugin.timeout:g}s (its thread runs on)"
+            return "timeout", f"no answer within {plugin.timeout:g}s (its thread runs on)", None
         return _task_outcome(future)
 
     def _sync_done(self, name: str) -> None:
@@ -1149,13 +1220,14 @@ def _in_thread(fn: Callable[[], Any], name: str, finished: Callable[[], None]) -
     return future
 
 
-def _run_sync_handler(handler: Handler, kwargs: dict[str, Any]) -> None:
+def _run_sync_handler(handler: Handler, kwargs: dict[str, Any]) -> Any:
     result = handler.fn(**kwargs)
     if inspect.isawaitable(result):
         close = getattr(result, "close", None)
         if callable(close):
             close()  # no "coroutine was never awaited" warning
         raise _ReturnedAwaitable(f"{handler.name} is not async def but returned an awaitable; declare it async def")
+    return result
 
 
 def _reason(exc: BaseException) -> str:
@@ -1163,13 +1235,30 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _task_outcome(future: asyncio.Future[Any]) -> tuple[Outcome, str]:
+def _task_outcome(future: asyncio.Future[Any]) -> _Called:
     if future.cancelled():
-        return "error", "cancelled"
+        return "error", "cancelled", None
     exc = future.exception()
     if exc is None:
-        return "ok", ""
-    return "error", _reason(exc)
+        return "ok", "", future.result()
+    return "error", _reason(exc), None
+
+
+def _repair_count(plugin: str, value: Any, warned: set[str]) -> int:
+    """A reconcile handler's return value as a count of repaired values (see reconcile_report);
+    ``warned``: the plugins already told about an odd return value (once each, not every round)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and value >= 0:  # bool included: True is one repair
+        return int(value)
+    if plugin not in warned:
+        warned.add(plugin)
+        log.warning(
+            "reconcile handler should return the number of values it repaired (an int >= 0); taken as 0",
+            plugin=plugin,
+            returned=repr(value)[:80],
+        )
+    return 0
 
 
 def _section(policy: policy_mod.Policy, plugin: Plugin) -> Any:

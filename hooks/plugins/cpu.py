@@ -1,0 +1,761 @@
+"""The ``cpu`` plugin: CFS quota, CFS burst, cpu.idle and group identity per QoS class.
+
+It reads the ``cpu`` section of the policy (docs/qos-classes.md) and works at two levels.
+
+**Pod level**, written straight into the pod cgroup (``pod.cgroup_parent``) at
+PreRunPodSandbox and PreUpdatePodSandboxResources, and re-applied by the reconciler:
+
+====================  =============================  ===================  =====================================
+what                  cgroup v1                      cgroup v2            when
+====================  =============================  ===================  =====================================
+CFS quota             cpu.cfs_quota_us + period      cpu.max              BE with ``be_quota_source: batch`` and
+                                                                          the batch annotation; -1 for classes
+                                                                          with ``cfs_quota_enabled: false``
+CFS burst             cpu.cfs_burst_us               cpu.max.burst        every class, where the file exists
+CPU idle              cpu.idle                       cpu.idle             every class, where the file exists
+group identity        cpu.bvt_warp_ns                cpu.bvt_warp_ns      every class, where the file exists
+====================  =============================  ===================  =====================================
+
+These are the values this plugin owns at pod level: the reconciler puts them back when
+they drift. Everything else is kubelet's: ``cpu.shares`` / ``cpu.weight`` are never
+written at pod level (kubelet sets and keeps resetting them), and the pod quota is left
+as kubelet set it unless the table says otherwise. Kubelet writes the pod quota only when
+it creates the pod cgroup and on an in-place resize, so the two do not fight; the
+reconciler re-applies ours after a resize.
+
+* **BE quota** (Koordinator's ``batchresource`` hook): the pod annotation
+  ``node.koordinator.sh/extended-resource-spec`` holds each container's
+  ``kubernetes.io/batch-cpu`` requests and limits (resource.Quantity values counting
+  milli-cores). The pod quota is the sum of the containers' limits *
+  period / 1000 µs, at least 1000; a container without a batch-cpu limit makes the pod
+  unlimited (-1), as in Koordinator. No annotation, or one that does not parse: the quota
+  is left alone.
+* **Burst**: ``cfs_burst_percent`` of the quota the cgroup ends up with, capped at that
+  quota: the kernel refuses a burst above the quota (``tg_set_cfs_bandwidth``, and
+  cgroup-v2.rst: "the burst in the range [0, $MAX]"), so Koordinator's default of 1000 %
+  acts as 100 % here. 0 % or an unlimited quota write 0 (no burst). When both change, the
+  writes are ordered so that the burst never exceeds the quota in force.
+* **cpu.idle** is the class's ``cpu_idle`` (1 or 0); the defaults leave it 0 for every
+  class. **Group identity** is the class's ``group_identity`` (Alibaba Cloud Linux only).
+
+If the pod cgroup does not exist yet at PreRunPodSandbox (no kubelet, e.g. on a test bed),
+it is created as kubelet would name it, below the cgroup root only (``CgroupFS.path``
+checks every path): on v1 in the ``cpu`` hierarchy, on v2 with the ``cpu`` controller
+enabled in each ancestor's ``cgroup.subtree_control`` so that the new cgroup gets the cpu
+files. Only what this plugin writes into is created; kubelet and the runtime make the rest.
+In a dry run (``dry_run``, ``runtime-hooks explain``) nothing is created, and every
+cgroup access goes through the ``cgroups`` handle, which then records instead of writing.
+
+**Container level**, through the hook response at PreCreateContainer and
+PreUpdateContainerResources (the runtime writes it):
+
+* BE (``be_quota_source: batch``), for a container listed in the batch annotation:
+  ``cpu_quota`` = its batch-cpu limit * period / 1000 (at least 1000; -1 without a
+  limit) with ``cpu_period``, and ``cpu_shares`` = its batch-cpu request * 1024 / 1000
+  within 2..262144 (2 without a request), on v2 converted to ``cpu.weight`` by the runtime.
+  With ``be_quota_source: kubelet`` only the shares are set.
+* Classes with ``cfs_quota_enabled: false`` (LSE, LSR by default): ``cpu_quota`` -1,
+  as Koordinator's cpuset hook does for pinned pods.
+* Burst: written into the container cgroup at PostStartContainer and
+  PostUpdateContainerResources, where the burst file exists; at PreUpdateContainerResources
+  a burst above the coming quota is lowered first, or the runtime's quota write would fail.
+
+The computations are pure (:func:`plan_pod`, :func:`plan_container`, and the arithmetic
+below) so that ``runtime-hooks explain`` can show a plan without touching the node; the
+``apply_*`` functions do the I/O, always reading a value before writing it and writing
+only what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final
+
+from ..cgroups import MAX_SHARES, MIN_SHARES, CgroupError, CgroupFS, CgroupVersion, parent_path
+from ..policy import CPUClassPolicy, CPUPolicy
+from ..qos import QoSClass
+from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, ResourceChanges, Resources, qos_of
+from .cpuset import cpuset_from_annotations
+
+__all__ = [
+    "BATCH_CPU",
+    "CFS_PERIOD_US",
+    "EXTENDED_RESOURCE_SPEC_ANNOTATION",
+    "MAX_CFS_QUOTA_US",
+    "MIN_CFS_QUOTA_US",
+    "BatchCPU",
+    "CpuContainerPlan",
+    "CpuPodPlan",
+    "apply_container_burst",
+    "apply_pod_plan",
+    "batch_cpu_spec",
+    "cfs_burst_us",
+    "drift_repaired_total",
+    "ensure_pod_cgroup",
+    "milli_cpu_to_quota",
+    "milli_cpu_to_shares",
+    "plan_container",
+    "plan_pod",
+    "plugin",
+    "quantity_value",
+    "reconcile_pods",
+]
+
+plugin = Plugin(
+    "cpu",
+    version="1.0",
+    order=20,
+    failure_policy="ignore",
+    timeout=1.0,
+    description="CFS quota (BE from batch-cpu, none for pinned classes), CFS burst, cpu.idle and group identity",
+)
+
+# koordinator-sh/koordinator apis/extension: AnnotationExtendedResourceSpec (NodeDomainPrefix +
+# "/extended-resource-spec") and BatchCPU (ResourceDomainPrefix "kubernetes.io/" + "batch-cpu").
+EXTENDED_RESOURCE_SPEC_ANNOTATION: Final = "node.koordinator.sh/extended-resource-spec"
+BATCH_CPU: Final = "kubernetes.io/batch-cpu"
+
+#: The CFS period Koordinator computes quotas with (CFSBasePeriodValue), kubelet's default too.
+CFS_PERIOD_US: Final = 100_000
+#: The smallest quota the kernel takes (1 ms); Koordinator's CFSQuotaMinValue.
+MIN_CFS_QUOTA_US: Final = 1000
+#: The largest quota (and quota + burst) the kernel takes: max_cfs_runtime, 2^44 - 1 µs.
+MAX_CFS_QUOTA_US: Final = (1 << 44) - 1
+_SHARES_PER_CPU: Final = 1024
+
+_INT64_MAX: Final = (1 << 63) - 1
+_MAX_EXPONENT: Final = 100
+
+
+# --- arithmetic ------------------------------------------------------------------------------
+
+
+def milli_cpu_to_quota(milli_cpu: int, period_us: int = CFS_PERIOD_US) -> int:
+    """The CFS quota for a limit of ``milli_cpu`` milli-cores: -1 (unlimited) for <= 0,
+    else milli * period / 1000 µs, kept within MIN_CFS_QUOTA_US..MAX_CFS_QUOTA_US."""
+    if milli_cpu <= 0 or period_us <= 0:
+        return -1
+    quota = milli_cpu * period_us // 1000
+    return min(max(quota, MIN_CFS_QUOTA_US), MAX_CFS_QUOTA_US)
+
+
+def milli_cpu_to_shares(milli_cpu: int) -> int:
+    """cpu.shares for a request of ``milli_cpu`` milli-cores: milli * 1024 / 1000 within 2..262144."""
+    if milli_cpu <= 0:
+        return MIN_SHARES
+    return min(max(milli_cpu * _SHARES_PER_CPU // 1000, MIN_SHARES), MAX_SHARES)
+
+
+def cfs_burst_us(quota_us: int, percent: int) -> int:
+    """The burst for ``quota_us`` at ``percent`` %: 0 for an unlimited quota or 0 %, never above the quota."""
+    if quota_us <= 0 or percent <= 0:
+        return 0
+    return min(quota_us * percent // 100, quota_us)
+
+
+# --- Koordinator's batch resources --------------------------------------------------------------
+
+_QUANTITY = re.compile(
+    r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?", re.ASCII
+)
+_SUFFIXES: Final[Mapping[str, Decimal]] = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    **{suffix: Decimal(1024**power) for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
+}
+
+
+def quantity_value(raw: object) -> int:
+    """A Kubernetes resource.Quantity (string or JSON number) as ``Quantity.Value()``: rounded up
+    to an integer, kept within int64. ValueError if it is not a quantity."""
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise ValueError(f"not a quantity: {raw!r}")
+    text = raw.strip() if isinstance(raw, str) else repr(raw)
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a quantity: {raw!r}")
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    if suffix in _SUFFIXES:
+        value = number * _SUFFIXES[suffix]
+    else:  # a decimal exponent, e3 / E-2
+        exponent = int(suffix[1:])
+        if abs(exponent) > _MAX_EXPONENT:
+            raise ValueError(f"quantity out of range: {raw!r}")
+        value = number.scaleb(exponent)
+    return max(min(math.ceil(value), _INT64_MAX), -_INT64_MAX)
+
+
+@dataclass(frozen=True)
+class BatchCPU:
+    """A container's kubernetes.io/batch-cpu in milli-cores; None where the annotation lists none."""
+
+    request_milli: int | None = None
+    limit_milli: int | None = None
+
+
+def _resource_list(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be an object, got {type(value).__name__}")
+    raw = value.get(BATCH_CPU)
+    if raw is None:
+        return None
+    try:
+        return quantity_value(raw)
+    except ValueError as exc:
+        raise ValueError(f"{where}[{BATCH_CPU}]: {exc}") from None
+
+
+def batch_cpu_spec(annotations: Mapping[str, str]) -> dict[str, BatchCPU] | None:
+    """Each container's batch-cpu from the extended-resource-spec annotation, by container name.
+
+    None when the pod has no such annotation; ValueError (saying what is wrong) when it is
+    not ``{"containers": {"<name>": {"requests": {...}, "limits": {...}}}}`` with quantities.
+    """
+    text = annotations.get(EXTENDED_RESOURCE_SPEC_ANNOTATION)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{EXTENDED_RESOURCE_SPEC_ANNOTATION} is not JSON: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{EXTENDED_RESOURCE_SPEC_ANNOTATION} must be a JSON object")
+    containers = data.get("containers")
+    if containers is None:
+        return {}
+    if not isinstance(containers, dict):
+        raise ValueError(f"{EXTENDED_RESOURCE_SPEC_ANNOTATION}: containers must be an object")
+    spec: dict[str, BatchCPU] = {}
+    for name, entry in containers.items():
+        where = f"{EXTENDED_RESOURCE_SPEC_ANNOTATION}: containers[{name}]"
+        if entry is None:
+            spec[name] = BatchCPU()
+            continue
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} must be an object")
+        spec[name] = BatchCPU(
+            request_milli=_resource_list(entry.get("requests"), f"{where}.requests"),
+            limit_milli=_resource_list(entry.get("limits"), f"{where}.limits"),
+        )
+    return spec
+
+
+def _pod_batch_limit(spec: Mapping[str, BatchCPU]) -> int:
+    """The pod's batch-cpu limit: the containers' sum, or -1 once one container has none."""
+    total = 0
+    for entry in spec.values():
+        if entry.limit_milli is None or entry.limit_milli <= 0:
+            return -1
+        total += entry.limit_milli
+    return total
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CpuPodPlan:
+    """What the pod cgroup should hold. None: this plugin leaves the value as it is.
+
+    ``cfs_quota`` µs per ``cfs_period`` µs, -1 = unlimited. ``cfs_burst`` µs (capped again
+    at the quota found when applied). ``notes`` say why, for ``runtime-hooks explain``.
+    """
+
+    cgroup_parent: str
+    qos: QoSClass
+    cfs_quota: int | None = None
+    cfs_period: int = CFS_PERIOD_US
+    cfs_burst: int | None = None
+    cpu_idle: bool | None = None
+    group_identity: int | None = None
+    notes: tuple[str, ...] = ()
+
+    def files(self, version: CgroupVersion) -> dict[str, str]:
+        """The planned cgroup files and their contents in ``version`` (files the kernel may lack included)."""
+        out: dict[str, str] = {}
+        if self.cfs_quota is not None:
+            if version is CgroupVersion.V1:
+                out["cpu.cfs_period_us"] = str(self.cfs_period)
+                out["cpu.cfs_quota_us"] = str(self.cfs_quota if self.cfs_quota > 0 else -1)
+            else:
+                out["cpu.max"] = f"{self.cfs_quota if self.cfs_quota > 0 else 'max'} {self.cfs_period}"
+        if self.cfs_burst is not None:
+            out["cpu.cfs_burst_us" if version is CgroupVersion.V1 else "cpu.max.burst"] = str(self.cfs_burst)
+        if self.cpu_idle is not None:
+            out["cpu.idle"] = "1" if self.cpu_idle else "0"
+        if self.group_identity is not None:
+            out["cpu.bvt_warp_ns"] = str(self.group_identity)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "level": "pod",
+            "cgroup_parent": self.cgroup_parent,
+            "qos": self.qos.value,
+            "cfs_quota": self.cfs_quota,
+            "cfs_period": self.cfs_period,
+            "cfs_burst": self.cfs_burst,
+            "cpu_idle": self.cpu_idle,
+            "group_identity": self.group_identity,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class CpuContainerPlan:
+    """What the container gets: response fields (None: unchanged) and the burst written after start."""
+
+    container: str
+    qos: QoSClass
+    cpu_quota: int | None = None
+    cpu_period: int | None = None
+    cpu_shares: int | None = None
+    cfs_burst: int | None = None
+    notes: tuple[str, ...] = ()
+
+    def apply_to(self, resources: ResourceChanges) -> None:
+        """Put the planned fields into a hook response's resources."""
+        if self.cpu_quota is not None:
+            resources.cpu_quota = self.cpu_quota
+            if self.cpu_quota > 0 and self.cpu_period:
+                resources.cpu_period = self.cpu_period
+        if self.cpu_shares is not None:
+            resources.cpu_shares = self.cpu_shares
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "level": "container",
+            "container": self.container,
+            "qos": self.qos.value,
+            "cpu_quota": self.cpu_quota,
+            "cpu_period": self.cpu_period,
+            "cpu_shares": self.cpu_shares,
+            "cfs_burst": self.cfs_burst,
+            "notes": list(self.notes),
+        }
+
+
+def _batch_spec(annotations: Mapping[str, str], notes: list[str]) -> dict[str, BatchCPU] | None:
+    try:
+        spec = batch_cpu_spec(annotations)
+    except ValueError as exc:
+        notes.append(f"batch resources ignored: {exc}")
+        return None
+    if spec is None:
+        notes.append(f"no {EXTENDED_RESOURCE_SPEC_ANNOTATION} annotation: batch resources unknown")
+    return spec
+
+
+def _effective_quota(planned: int | None, current: int | None, resources: Resources | None) -> int | None:
+    """The quota the cgroup will run with: the plan's, else what the cgroup has, else what the
+    request's resources say (0 there: no limit); None when nothing tells."""
+    if planned is not None:
+        return planned
+    if current is not None:
+        return current
+    if resources is not None:
+        return resources.cpu_quota if resources.cpu_quota > 0 else -1
+    return None
+
+
+def plan_pod(
+    pod: PodInfo,
+    qos: QoSClass,
+    policy: CPUClassPolicy,
+    section: CPUPolicy,
+    *,
+    current_quota: int | None = None,
+) -> CpuPodPlan:
+    """The pod cgroup's planned values (see the module doc). ``current_quota``: the quota the
+    pod cgroup has now (read by the caller; None without I/O), which the burst is computed
+    from when the plan sets no quota; ``pod.resources`` stands in when it is None."""
+    notes: list[str] = []
+    period = pod.resources.cpu_period if pod.resources is not None and pod.resources.cpu_period > 0 else CFS_PERIOD_US
+    quota: int | None = None
+    if not policy.cfs_quota_enabled and _pinned(pod.annotations):
+        quota = -1
+        notes.append(f"{qos.value}: pinned to its own cpuset and cfs_quota_enabled is false: no CFS quota")
+    elif qos is QoSClass.BE and section.be_quota_source == "batch":
+        spec = _batch_spec(pod.annotations, notes)
+        if spec:
+            milli = _pod_batch_limit(spec)
+            quota = milli_cpu_to_quota(milli, period)
+            if milli > 0:
+                notes.append(f"BE: batch-cpu limits add up to {milli}m: quota {quota} per {period} µs")
+            else:
+                notes.append("BE: a container has no batch-cpu limit: pod unlimited")
+        elif spec is not None:
+            notes.append("BE: the batch annotation lists no containers: quota left to kubelet")
+    else:
+        notes.append("CFS quota left to kubelet")
+
+    effective = _effective_quota(quota, current_quota, pod.resources)
+    burst: int | None = None
+    if effective is not None:
+        burst = cfs_burst_us(effective, policy.cfs_burst_percent)
+        if policy.cfs_burst_percent and effective > 0:
+            notes.append(f"burst {policy.cfs_burst_percent}% of quota {effective}, at most the quota: {burst}")
+    else:
+        notes.append("pod quota unknown: burst left alone")
+    return CpuPodPlan(
+        cgroup_parent=pod.cgroup_parent,
+        qos=qos,
+        cfs_quota=quota,
+        cfs_period=period,
+        cfs_burst=burst,
+        cpu_idle=policy.cpu_idle,
+        group_identity=policy.group_identity,
+        notes=tuple(notes),
+    )
+
+
+def plan_container(
+    pod: PodInfo,
+    container: ContainerInfo,
+    qos: QoSClass,
+    policy: CPUClassPolicy,
+    section: CPUPolicy,
+    *,
+    current_quota: int | None = None,
+) -> CpuContainerPlan:
+    """The container's planned values (see the module doc). ``current_quota``: its cgroup's quota
+    now (None without I/O), which the burst is computed from when the plan sets no quota;
+    ``container.resources`` stands in when it is None."""
+    notes: list[str] = []
+    resources = container.resources
+    period = resources.cpu_period if resources is not None and resources.cpu_period > 0 else CFS_PERIOD_US
+    quota: int | None = None
+    shares: int | None = None
+    if qos is QoSClass.BE:
+        spec = _batch_spec(pod.annotations, notes)
+        entry = spec.get(container.name) if spec else None
+        if spec is not None and entry is None:
+            notes.append(f"BE: container {container.name} is not in the batch annotation")
+        if entry is not None:
+            shares = milli_cpu_to_shares(entry.request_milli or 0)
+            notes.append(f"BE: batch-cpu request {entry.request_milli or 0}m: cpu shares {shares}")
+            if section.be_quota_source == "batch":
+                quota = milli_cpu_to_quota(entry.limit_milli or 0, period)
+                notes.append(f"BE: batch-cpu limit {entry.limit_milli or 0}m: quota {quota}")
+    if not policy.cfs_quota_enabled and _pinned(pod.annotations):
+        quota = -1
+        notes.append(f"{qos.value}: pinned to its own cpuset and cfs_quota_enabled is false: no CFS quota")
+
+    effective = _effective_quota(quota, current_quota, resources)
+    burst = cfs_burst_us(effective, policy.cfs_burst_percent) if effective is not None else None
+    return CpuContainerPlan(
+        container=container.name,
+        qos=qos,
+        cpu_quota=quota,
+        cpu_period=period if quota is not None and quota > 0 else None,
+        cpu_shares=shares,
+        cfs_burst=burst,
+        notes=tuple(notes),
+    )
+
+
+# --- applying -----------------------------------------------------------------------------------
+
+
+def _read_int(fs: CgroupFS, file: str, parent: str, container_id: str | None = None) -> int | None:
+    try:
+        return int(fs.read("cpu", file, parent, container_id))
+    except ValueError:
+        return None
+
+
+def _current_quota(fs: CgroupFS, parent: str, container_id: str | None = None) -> int | None:
+    """The cgroup's quota now (-1 unlimited); None where it cannot be read."""
+    try:
+        if not fs.has_file("cpu", fs.file_name("cpu.quota"), parent, container_id):
+            return None
+        return fs.cpu_quota(parent, container_id)[0]
+    except (OSError, CgroupError, ValueError):
+        return None
+
+
+def ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool = False) -> bool:
+    """Create the pod cgroup ``parent`` if it is missing (see the module doc); True if it was made.
+    With ``dry_run`` nothing is created (a mkdir is no cgroup-file write a dry-run handle records)."""
+    target = fs.path("cpu", parent)  # CgroupPathError for a bad parent or a path out of the root
+    if fs.exists(parent):
+        return False
+    if dry_run:
+        log.info("would create the missing pod cgroup", path=str(target))
+        return False
+    base = fs.path("cpu", "")
+    if not base.is_dir():
+        log.warning("no cpu cgroup hierarchy; pod cgroup not created", path=str(base))
+        return False
+    # Every directory made is a prefix of ``target``, which fs.path found inside the root.
+    parts = target.relative_to(base).parts
+    for depth in range(1, len(parts) + 1):
+        directory = base.joinpath(*parts[:depth])
+        if directory.is_dir():
+            continue
+        if fs.version is CgroupVersion.V2:
+            _enable_cpu_controller(fs, parts[: depth - 1], log)
+        directory.mkdir(exist_ok=True)  # another pod may be making the same ancestor
+    log.info("created missing pod cgroup", path=str(target))
+    return True
+
+
+def _enable_cpu_controller(fs: CgroupFS, parts: Sequence[str], log: Any) -> None:
+    """v2: make the cgroup at ``parts`` give its children the cpu controller, as kubelet and runc do."""
+    parent = "/" + "/".join(parts) if parts else ""
+    if parent_path(parent) != "/".join(parts):  # a lone slice name would be re-expanded: not ours to touch
+        return
+    if not fs.has_file("cpu", "cgroup.subtree_control", parent):
+        return
+    if "cpu" in fs.read("cpu", "cgroup.subtree_control", parent).split():
+        return
+    try:
+        fs.write("cpu", "cgroup.subtree_control", "+cpu", parent)
+    except OSError as exc:
+        log.warning("cannot enable the cpu controller", cgroup=parent or "/", error=str(exc))
+
+
+def _write(what: str, log: Any, action: Any, *args: Any, **kwargs: Any) -> bool:
+    try:
+        action(*args, **kwargs)
+    except (OSError, CgroupError, ValueError) as exc:
+        log.warning("cgroup write failed", setting=what, error=str(exc))
+        return False
+    return True
+
+
+def apply_pod_plan(fs: CgroupFS, plan: CpuPodPlan, log: Any) -> list[str]:
+    """Bring the pod cgroup to ``plan``: read each value, write only those that differ, skip
+    files the kernel lacks. The settings written (quota, burst, idle, group_identity)."""
+    parent = plan.cgroup_parent
+    if not fs.exists(parent):
+        log.debug("pod cgroup does not exist; nothing applied", cgroup_parent=parent)
+        return []
+    written: list[str] = []
+
+    quota_now: tuple[int, int] | None = None
+    if fs.has_file("cpu", fs.file_name("cpu.quota"), parent):
+        quota_now = fs.cpu_quota(parent)
+    burst_file = fs.file_name("cpu.burst")
+    burst_now = _read_int(fs, burst_file, parent) if fs.has_file("cpu", burst_file, parent) else None
+
+    quota_to: tuple[int, int] | None = None
+    if plan.cfs_quota is not None and quota_now is not None:
+        quota = plan.cfs_quota if plan.cfs_quota > 0 else -1
+        period = plan.cfs_period if quota > 0 else quota_now[1]  # unlimited: keep the period
+        if (quota, period) != quota_now:
+            quota_to = (quota, period)
+    final_quota = quota_to[0] if quota_to is not None else (quota_now[0] if quota_now is not None else -1)
+
+    burst_to: int | None = None
+    if burst_now is not None:
+        target = plan.cfs_burst
+        if target is not None and final_quota > 0:
+            target = min(target, final_quota)
+        elif target is None and quota_to is not None and final_quota > 0 and burst_now > final_quota:
+            target = final_quota  # else the kernel refuses the new quota
+        if target is not None and target != burst_now:
+            burst_to = target
+
+    # The burst may never exceed the quota in force: lower it before the quota, raise it after.
+    if burst_to is not None and burst_now is not None and burst_to < burst_now:
+        if _write("burst", log, fs.set_cpu_burst, parent, burst_to):
+            written.append("burst")
+        burst_to = None
+    if quota_to is not None and _write("quota", log, fs.set_cpu_quota, parent, quota_to[0], quota_to[1]):
+        written.append("quota")
+    if burst_to is not None and _write("burst", log, fs.set_cpu_burst, parent, burst_to):
+        written.append("burst")
+
+    if plan.cpu_idle is not None and fs.has_file("cpu", "cpu.idle", parent):
+        idle_now = _read_int(fs, "cpu.idle", parent)
+        if idle_now != (1 if plan.cpu_idle else 0) and _write("idle", log, fs.set_cpu_idle, parent, plan.cpu_idle):
+            written.append("idle")
+
+    if plan.group_identity is not None and fs.has_file("cpu", "cpu.bvt_warp_ns", parent):
+        bvt_now = _read_int(fs, "cpu.bvt_warp_ns", parent)
+        if bvt_now != plan.group_identity and _write(
+            "group_identity", log, fs.set_group_identity, parent, plan.group_identity
+        ):
+            written.append("group_identity")
+    return written
+
+
+def apply_container_burst(
+    fs: CgroupFS, parent: str, container_id: str, burst: int, log: Any, *, only_lower: bool = False
+) -> bool:
+    """Set the container cgroup's burst to ``burst`` (capped at its quota) where the file exists
+    and the value differs; with ``only_lower``, only if that lowers it. True if written."""
+    burst_file = fs.file_name("cpu.burst")
+    if not fs.exists(parent, container_id) or not fs.has_file("cpu", burst_file, parent, container_id):
+        return False
+    now = _read_int(fs, burst_file, parent, container_id)
+    quota = _current_quota(fs, parent, container_id)
+    if quota is not None and quota > 0:
+        burst = min(burst, quota)
+    if now == burst or (only_lower and now is not None and burst > now):
+        return False
+    return _write("burst", log, fs.set_cpu_burst, parent, burst, container_id=container_id)
+
+
+# --- reconciling -----------------------------------------------------------------------------
+
+_drift_lock = threading.Lock()
+_drift_total = 0
+
+
+def drift_repaired_total() -> int:
+    """How many pod-level values the reconciler has put back since the process started."""
+    with _drift_lock:
+        return _drift_total
+
+
+def reconcile_pods(fs: CgroupFS, pods: Sequence[PodInfo], policy_for: Any, section: CPUPolicy, log: Any) -> int:
+    """Re-apply the pod-level plan to each pod's existing cgroup; how many values were repaired."""
+    global _drift_total
+    repaired = 0
+    for pod in pods:
+        if not pod.cgroup_parent:
+            continue
+        try:
+            if not fs.exists(pod.cgroup_parent):
+                continue
+            qos = qos_of(pod).qos_class
+            policy = policy_for(qos)
+            if not isinstance(policy, CPUClassPolicy):
+                continue
+            plan = plan_pod(pod, qos, policy, section, current_quota=_current_quota(fs, pod.cgroup_parent))
+            written = apply_pod_plan(fs, plan, log)
+        except (OSError, CgroupError, ValueError) as exc:
+            log.warning("cannot reconcile pod", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
+            continue
+        if written:
+            log.info("repaired drifted cpu settings", pod=f"{pod.namespace}/{pod.name}", settings=written)
+        repaired += len(written)
+    with _drift_lock:
+        _drift_total += repaired
+    return repaired
+
+
+# --- handlers ----------------------------------------------------------------------------------
+
+
+@plugin.on(HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES)
+def set_pod_cgroup(
+    *,
+    hook: HookPoint,
+    pod: PodInfo,
+    qos: QoSClass,
+    policy: CPUClassPolicy | None,
+    policy_section: CPUPolicy | None,
+    cgroups: CgroupFS | None,
+    log: Any,
+    dry_run: bool = False,
+    **kwargs: Any,
+) -> None:
+    """Write the pod-level values into the pod cgroup (creating it at PreRunPodSandbox if missing)."""
+    if cgroups is None or policy is None or policy_section is None or not pod.cgroup_parent:
+        return
+    if hook is HookPoint.PRE_RUN_POD_SANDBOX:
+        ensure_pod_cgroup(cgroups, pod.cgroup_parent, log, dry_run=dry_run)
+    current = _current_quota(cgroups, pod.cgroup_parent)
+    plan = plan_pod(pod, qos, policy, policy_section, current_quota=current)
+    written = apply_pod_plan(cgroups, plan, log)
+    if written:
+        log.debug("pod cpu settings applied", settings=written, plan=plan.describe())
+
+
+@plugin.on(HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+def set_container_resources(
+    *,
+    hook: HookPoint,
+    pod: PodInfo,
+    container: ContainerInfo | None,
+    qos: QoSClass,
+    policy: CPUClassPolicy | None,
+    policy_section: CPUPolicy | None,
+    response: HookResponse,
+    cgroups: CgroupFS | None,
+    log: Any,
+    **kwargs: Any,
+) -> None:
+    """Set the container's quota, period and shares in the response."""
+    if container is None or policy is None or policy_section is None:
+        return
+    plan = plan_container(pod, container, qos, policy, policy_section)
+    plan.apply_to(response.resources)
+    if (
+        hook is HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
+        and cgroups is not None
+        and container.id
+        and pod.cgroup_parent
+        and plan.cfs_burst is not None
+    ):
+        apply_container_burst(cgroups, pod.cgroup_parent, container.id, plan.cfs_burst, log, only_lower=True)
+
+
+@plugin.on(HookPoint.POST_START_CONTAINER, HookPoint.POST_UPDATE_CONTAINER_RESOURCES)
+def set_container_burst(
+    *,
+    pod: PodInfo,
+    container: ContainerInfo | None,
+    qos: QoSClass,
+    policy: CPUClassPolicy | None,
+    policy_section: CPUPolicy | None,
+    cgroups: CgroupFS | None,
+    log: Any,
+    **kwargs: Any,
+) -> None:
+    """Write the container's CFS burst into its cgroup, where the kernel has the file."""
+    if cgroups is None or container is None or not container.id or not pod.cgroup_parent:
+        return
+    if policy is None or policy_section is None:
+        return
+    current = _current_quota(cgroups, pod.cgroup_parent, container.id)
+    plan = plan_container(pod, container, qos, policy, policy_section, current_quota=current)
+    if plan.cfs_burst is not None:
+        apply_container_burst(cgroups, pod.cgroup_parent, container.id, plan.cfs_burst, log)
+
+
+@plugin.reconcile
+def reconcile(
+    *,
+    pods: Sequence[PodInfo],
+    cgroups: CgroupFS | None,
+    policy_for: Any,
+    policy_section: CPUPolicy | None,
+    log: Any,
+    **kwargs: Any,
+) -> int:
+    """Re-apply the pod-level values of ``pods``; the number of drifted values repaired."""
+    if cgroups is None or policy_section is None:
+        return 0
+    return reconcile_pods(cgroups, pods, policy_for, policy_section, log)
+
+
+def _pinned(annotations: Mapping[str, str]) -> bool:
+    """Whether the scheduler gave the pod CPUs of its own: only then is its quota lifted.
+
+    Lifting it without a cpuset would let the pod run unbounded on the shared pool."""
+    try:
+        return bool(cpuset_from_annotations(annotations))
+    except ValueError:
+        return False

@@ -1,0 +1,163 @@
+"""The ``cpuset`` plugin: pinned classes run on the CPUs Koordinator's scheduler assigned to the pod.
+
+koord-scheduler writes the CPUs it allocated to an LSE or LSR pod into the pod annotation
+``scheduling.koordinator.sh/resource-status``, a JSON object whose ``cpuset`` field is a
+Linux CPU list (``{"cpuset": "0-3"}``; Koordinator ``apis/extension`` ResourceStatus). For a
+container of a class whose policy says ``pinned`` (LSE and LSR by default, Koordinator's
+``cpusetPodQOSConditions``), this plugin sets the response's ``cpuset_cpus`` to that list
+at PreCreateContainer and PreUpdateContainerResources; the runtime writes it to the
+container's ``cpuset.cpus`` (v1 and v2 alike). The CFS quota of these classes is the
+``cpu`` plugin's business (``cfs_quota_enabled: false``).
+
+Left untouched: containers of classes not pinned, pods without the annotation or with an
+empty ``cpuset``. An annotation that is not such a JSON object, or a CPU list that
+``parse_cpuset`` refuses, is logged and skipped: the pod starts on the shared pool rather
+than failing. So is a list naming CPUs the node does not have (checked against the cgroup
+root's effective CPUs when a cgroup tree is at hand), since the runtime would fail the
+container on it. The list is passed on in canonical form (``format_cpuset``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from runtimeproxy.dispatch.merge import format_cpuset, parse_cpuset
+
+from ..cgroups import CgroupError, CgroupFS, CgroupVersion
+from ..policy import CPUSetClassPolicy
+from ..qos import QoSClass
+from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo
+
+__all__ = [
+    "RESOURCE_STATUS_ANNOTATION",
+    "CpusetPlan",
+    "cpuset_from_annotations",
+    "node_cpus",
+    "plan_container",
+    "plugin",
+]
+
+plugin = Plugin(
+    "cpuset",
+    version="1.0",
+    order=30,
+    failure_policy="ignore",
+    timeout=1.0,
+    description="pins LSE and LSR containers to the cpuset koord-scheduler assigned to the pod",
+)
+
+# koordinator-sh/koordinator apis/extension: AnnotationResourceStatus = SchedulingDomainPrefix + "/resource-status".
+RESOURCE_STATUS_ANNOTATION: Final = "scheduling.koordinator.sh/resource-status"
+
+# The root cgroup's effective CPUs, per version (v1: in the cpuset hierarchy).
+_EFFECTIVE_CPUS: Final = {CgroupVersion.V1: "cpuset.effective_cpus", CgroupVersion.V2: "cpuset.cpus.effective"}
+
+
+def cpuset_from_annotations(annotations: Mapping[str, str]) -> frozenset[int] | None:
+    """The CPUs of the resource-status annotation; None when there is no annotation or no cpuset.
+
+    ValueError (saying what is wrong) when the annotation is not a JSON object, its
+    ``cpuset`` is not a string, or the string is not a CPU list.
+    """
+    text = annotations.get(RESOURCE_STATUS_ANNOTATION)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{RESOURCE_STATUS_ANNOTATION} is not JSON: {exc}") from None
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError(f"{RESOURCE_STATUS_ANNOTATION} must be a JSON object")
+    value = data.get("cpuset")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{RESOURCE_STATUS_ANNOTATION}: cpuset must be a string, got {type(value).__name__}")
+    try:
+        cpus = parse_cpuset(value.strip())
+    except ValueError as exc:
+        raise ValueError(f"{RESOURCE_STATUS_ANNOTATION}: cpuset: {exc}") from None
+    return cpus or None
+
+
+@dataclass(frozen=True)
+class CpusetPlan:
+    """The container's cpuset_cpus (None: unchanged) and why."""
+
+    container: str
+    qos: QoSClass
+    cpuset_cpus: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "level": "container",
+            "container": self.container,
+            "qos": self.qos.value,
+            "cpuset_cpus": self.cpuset_cpus,
+            "notes": list(self.notes),
+        }
+
+
+def plan_container(pod: PodInfo, container: ContainerInfo, qos: QoSClass, policy: CPUSetClassPolicy) -> CpusetPlan:
+    """The container's cpuset from the pod annotation when its class is pinned. Pure; ValueError
+    for a malformed annotation (the handler logs it and skips)."""
+    if not policy.pinned:
+        return CpusetPlan(container.name, qos, None, (f"{qos.value} is not pinned: shared pool",))
+    cpus = cpuset_from_annotations(pod.annotations)
+    if cpus is None:
+        return CpusetPlan(container.name, qos, None, (f"{qos.value} is pinned, but the pod has no cpuset assigned",))
+    cpuset = format_cpuset(cpus)
+    return CpusetPlan(container.name, qos, cpuset, (f"{qos.value} is pinned: cpuset {cpuset} from the scheduler",))
+
+
+def node_cpus(fs: CgroupFS) -> frozenset[int] | None:
+    """The CPUs the cgroup root may use (its effective cpuset); None when it cannot be read."""
+    try:
+        name = _EFFECTIVE_CPUS[fs.version]
+        if not fs.has_file("cpuset", name, ""):
+            return None
+        return parse_cpuset(fs.read("cpuset", name, "")) or None
+    except (OSError, CgroupError, ValueError):
+        return None
+
+
+@plugin.on(HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+def pin_container(
+    *,
+    pod: PodInfo,
+    container: ContainerInfo | None,
+    qos: QoSClass,
+    policy: CPUSetClassPolicy | None,
+    response: HookResponse,
+    cgroups: CgroupFS | None,
+    log: Any,
+    **kwargs: Any,
+) -> None:
+    """Set cpuset_cpus for a pinned class's container; log and skip anything unusable."""
+    if container is None or policy is None or not policy.pinned:
+        return
+    try:
+        plan = plan_container(pod, container, qos, policy)
+    except ValueError as exc:
+        log.warning("cpuset annotation unusable; container left on the shared pool", error=str(exc))
+        return
+    if plan.cpuset_cpus is None:
+        return
+    available = node_cpus(cgroups) if cgroups is not None else None
+    if available is not None:
+        missing = parse_cpuset(plan.cpuset_cpus) - available
+        if missing:
+            log.warning(
+                "assigned cpuset names CPUs the node does not have; container left on the shared pool",
+                cpuset=plan.cpuset_cpus,
+                missing=format_cpuset(missing),
+                node_cpus=format_cpuset(available),
+            )
+            return
+    response.resources.cpuset_cpus = plan.cpuset_cpus

@@ -1,0 +1,641 @@
+"""The ``memory`` plugin: memory protection and throttling per QoS class, and BE's OOM order.
+
+What it sets, and when
+----------------------
+
+=====================  ==========================  =================================================
+hook                   cgroup v2                   cgroup v1
+=====================  ==========================  =================================================
+PreRunPodSandbox       pod cgroup: ``memory.min``, pod cgroup: ``memory.soft_limit_in_bytes``
+(pod resources given)  ``memory.low``,             (``v1_soft_limit``), ``memory.wmark_*``
+                       ``memory.high``,
+                       ``memory.wmark_*``
+PreCreateContainer     BE: ``oom_score_adj`` 1000 in the response, only if that raises it (both)
+PostStartContainer     container cgroup: as the    container cgroup: as the pod's
+                       pod's
+reconcile              the same values for every pod (resources known) and every container given;
+                       only files whose content differs are written; returns how many were
+=====================  ==========================  =================================================
+
+Reconcile is what makes a policy change reach running containers, and sets back what someone
+else wrote. The plugin keeps no state: every value follows from the pod, container and policy.
+
+From the class's ``memory`` policy entry (``policy.MemoryClassPolicy``), with ``request`` and
+``limit`` the memory request and limit of the container (or the pod's totals):
+
+* ``memory.min`` = request * ``min_percent`` / 100 and ``memory.low`` = request *
+  ``low_percent`` / 100, Koordinator's formulas (``minLimitPercent``, ``lowLimitPercent``); low
+  is raised to min if it would be below it (as Koordinator does).
+* ``memory.high`` = request + (limit - request) * ``throttling_percent`` / 100, the formula the
+  policy documents (``policy.MemoryClassPolicy``). NOTE: Koordinator's current code computes
+  the container's memory.high as limit * throttlingPercent / 100 (qosmanager
+  cgreconcile ``calculateContainerResources``); with an unknown request (taken as 0, below)
+  the two agree.
+* Each value is rounded down to a whole page, so it reads back as written (the kernel keeps
+  whole pages, cgroup-v2.rst "Memory Interface Files").
+* "Off" means the file is not written and keeps what it has (a new cgroup's ``0``, ``0`` and
+  ``max``; or what kubelet's MemoryQoS feature wrote): ``*_percent`` 0 is off; so is
+  memory.min/low with an unknown request (nothing to protect) and memory.high with no limit
+  (nothing to throttle below). So min <= low <= high <= limit wherever they are set.
+* ``memory.wmark_ratio`` / ``memory.wmark_scale_factor`` / ``memory.wmark_min_adj``
+  (``wmark_ratio``, ``wmark_scale_permill``, ``wmark_min_adj``): written where the kernel has
+  the files (Alibaba Cloud Linux), on both versions.
+* cgroup v1 has no memory.min/low/high; ``v1_soft_limit`` decides
+  ``memory.soft_limit_in_bytes``: ``unset`` leaves it alone, ``request`` writes the request
+  in whole pages (left alone when the request is unknown), ``zero`` writes 0.
+* Protection is hierarchical: the kernel caps a cgroup's effective memory.min/low by its
+  ancestors' (cgroup-v2.rst). This plugin writes the pod and container levels only; the
+  kubepods QoS cgroups above them need values at least as large for protection to hold.
+
+**OOM order.** kubelet gives a BestEffort container oom_score_adj 1000 and a Burstable one
+2..999 by its memory request; a pod labelled BE may be either. At PreCreateContainer a BE
+container whose oom_score_adj is below 1000 gets 1000 through the response; a value is only
+ever raised, never lowered, and other classes are left to kubelet.
+
+Where request and limit come from
+---------------------------------
+
+The CRI carries a container's memory *limit* (``memory_limit_in_bytes``) but not its
+*request*; the pod's total limit comes with RunPodSandbox (``PodInfo.resources``). So:
+
+* **request**, first found of:
+
+  1. the pod annotation ``node.koordinator.sh/extended-resource-spec`` (Koordinator's webhook
+     writes it: ``{"containers": {"<name>": {"requests": {...}, "limits": {...}}}}``), entry
+     ``kubernetes.io/batch-memory`` for BE (Koordinator's batch resource), ``memory`` for the
+     other classes; a pod's request is the sum over the containers listed;
+  2. ``unified["memory.min"]`` of the container's (or pod's) resources, which is the request
+     when kubelet's MemoryQoS feature gate is on;
+  3. unknown: memory.min and memory.low are not written, memory.high takes the request as 0
+     (as Koordinator does for a container without a request), v1 ``request`` writes nothing.
+
+* **limit**: for BE, the annotation's ``kubernetes.io/batch-memory`` limit first (kubelet
+  knows no batch resources, so a BE container's CRI limit is usually 0), then the CRI limit;
+  for the other classes the CRI limit first, then the annotation's ``memory`` limit. A pod's
+  annotation limit is the sum over its listed containers, only when each of them has one.
+  0 or absent means no limit. A request above the limit is taken as the limit.
+
+Every value, where it came from and why a file is left alone are in the plan
+(:func:`container_plan`, :func:`pod_plan`, :meth:`MemoryPlan.describe`): the pure functions
+read nothing from the node, for ``explain`` and tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any, Final, Literal
+
+from ..cgroups import CgroupError, CgroupFS, CgroupUnsupported, CgroupVersion
+from ..policy import MemoryClassPolicy
+from ..qos import QoSClass
+from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, Resources, qos_of
+
+__all__ = [
+    "BATCH_MEMORY",
+    "BE_OOM_SCORE_ADJ",
+    "EXTENDED_RESOURCE_SPEC",
+    "PAGE_SIZE",
+    "ContainerSpec",
+    "MemoryInputs",
+    "MemoryPlan",
+    "Protection",
+    "apply_plan",
+    "container_inputs",
+    "container_plan",
+    "extended_resource_spec",
+    "oom_score_adj",
+    "parse_quantity",
+    "plugin",
+    "pod_inputs",
+    "pod_plan",
+    "protection",
+    "soft_limit",
+    "wmark_values",
+]
+
+plugin = Plugin(
+    "memory",
+    version="1.0",
+    order=50,
+    failure_policy="ignore",
+    timeout=2.0,
+    description="memory.min/low/high (v2) or soft limit (v1) per QoS class; BE containers OOM-killed first",
+)
+
+#: Koordinator's annotation with a pod's extended-resource requests and limits, per container.
+EXTENDED_RESOURCE_SPEC: Final = "node.koordinator.sh/extended-resource-spec"
+#: Koordinator's batch memory resource: what a BE container requests instead of "memory".
+BATCH_MEMORY: Final = "kubernetes.io/batch-memory"
+#: kubelet's oom_score_adj for BestEffort containers, the highest there is.
+BE_OOM_SCORE_ADJ: Final = 1000
+#: The kernel keeps memory.min/low/high in whole pages.
+PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
+
+_INT64_MAX: Final = (1 << 63) - 1
+_V2_FILES: Final = ("memory.min", "memory.low", "memory.high")
+_V1_FILE: Final = "memory.soft_limit_in_bytes"
+Level = Literal["pod", "container"]
+
+# --- quantities and the annotation (pure) -------------------------------------------------------
+
+_QUANTITY = re.compile(
+    r"\+?(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?",
+    re.ASCII,
+)
+_BINARY: Final = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
+_DECIMAL_EXP: Final = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def parse_quantity(value: object) -> int:
+    """A Kubernetes resource quantity (``"4Gi"``, ``"512M"``, ``"1e9"``, ``1073741824``) in whole
+    units, rounded up as ``Quantity.Value()`` does. ValueError for anything else or a negative."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid quantity {value!r}")
+    if isinstance(value, int):
+        number, scale = Fraction(value), Fraction(1)
+    elif isinstance(value, str):
+        match = _QUANTITY.fullmatch(value.strip())
+        if match is None:
+            raise ValueError(f"invalid quantity {value!r}")
+        number = Fraction(match["number"])
+        suffix = match["suffix"] or ""
+        if suffix in _BINARY:
+            scale = Fraction(_BINARY[suffix])
+        elif suffix in _DECIMAL_EXP:
+            scale = Fraction(10) ** _DECIMAL_EXP[suffix]
+        else:
+            exponent = int(suffix[1:])
+            if abs(exponent) > 30:
+                raise ValueError(f"quantity {value!r} is out of range")
+            scale = Fraction(10) ** exponent
+    else:
+        raise ValueError(f"invalid quantity {value!r}")
+    units = -(-(number * scale).numerator // (number * scale).denominator)
+    if units < 0:
+        raise ValueError(f"quantity must not be negative, got {value!r}")
+    if units > _INT64_MAX:
+        raise ValueError(f"quantity {value!r} is out of range")
+    return units
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One container's entry of the extended-resource-spec annotation (resource name -> units)."""
+
+    requests: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def _resource_list(value: object, where: str) -> Mapping[str, int]:
+    if value is None:
+        return MappingProxyType({})
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} is not a mapping")
+    parsed = {}
+    for name, quantity in value.items():
+        try:
+            parsed[str(name)] = parse_quantity(quantity)
+        except ValueError as exc:
+            raise ValueError(f"{where}.{name}: {exc}") from None
+    return MappingProxyType(parsed)
+
+
+def extended_resource_spec(annotations: Mapping[str, str]) -> tuple[Mapping[str, ContainerSpec], str]:
+    """The containers of the pod's ``node.koordinator.sh/extended-resource-spec`` annotation, and a
+    problem ("" when none): an absent annotation gives no containers; an unreadable one no
+    containers and the reason."""
+    text = annotations.get(EXTENDED_RESOURCE_SPEC)
+    if text is None:
+        return MappingProxyType({}), ""
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+        containers = raw.get("containers")
+        if containers is None:
+            containers = {}
+        if not isinstance(containers, dict):
+            raise ValueError("containers is not a mapping")
+        spec: dict[str, ContainerSpec] = {}
+        for name, entry in containers.items():
+            if not isinstance(entry, dict):
+                raise ValueError(f"containers.{name} is not a mapping")
+            spec[str(name)] = ContainerSpec(
+                requests=_resource_list(entry.get("requests"), f"containers.{name}.requests"),
+                limits=_resource_list(entry.get("limits"), f"containers.{name}.limits"),
+            )
+    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
+        return MappingProxyType({}), f"annotation {EXTENDED_RESOURCE_SPEC} ignored: {exc}"
+    return MappingProxyType(spec), ""
+
+
+# --- inputs (pure) ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """A container's (or pod's) memory request and limit in bytes, None when unknown / unlimited,
+    and where each came from."""
+
+    request: int | None
+    limit: int | None
+    request_source: str = "unknown"
+    limit_source: str = "none"
+    notes: tuple[str, ...] = ()
+
+
+def _resource_name(qos: QoSClass) -> str:
+    return BATCH_MEMORY if qos is QoSClass.BE else "memory"
+
+
+def _unified_request(resources: Resources | None) -> int | None:
+    if resources is None:
+        return None
+    value = resources.unified.get("memory.min", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _finish(request: tuple[int | None, str], limit: tuple[int | None, str], notes: list[str]) -> MemoryInputs:
+    req, req_source = request
+    lim, lim_source = limit
+    if req is not None and lim is not None and req > lim:
+        notes.append(f"request {req} is above the limit {lim}; taken as the limit")
+        req = lim
+    return MemoryInputs(req, lim, req_source, lim_source, tuple(notes))
+
+
+def container_inputs(qos: QoSClass, pod: PodInfo, container: ContainerInfo) -> MemoryInputs:
+    """The container's memory request and limit, from the sources in the module doc."""
+    spec, problem = extended_resource_spec(pod.annotations)
+    notes = [problem] if problem else []
+    name = _resource_name(qos)
+    entry = spec.get(container.name)
+    request: tuple[int | None, str] = (None, "unknown")
+    if entry is not None and name in entry.requests:
+        request = (entry.requests[name], f"{EXTENDED_RESOURCE_SPEC} requests[{name}]")
+    elif (unified := _unified_request(container.resources)) is not None:
+        request = (unified, "unified memory.min (kubelet MemoryQoS)")
+    cri = container.resources.memory_limit_in_bytes if container.resources is not None else 0
+    from_cri = (cri, "CRI memory_limit_in_bytes") if cri > 0 else None
+    from_spec = (
+        (entry.limits[name], f"{EXTENDED_RESOURCE_SPEC} limits[{name}]")
+        if entry is not None and entry.limits.get(name, 0) > 0
+        else None
+    )
+    first, second = (from_spec, from_cri) if qos is QoSClass.BE else (from_cri, from_spec)
+    limit: tuple[int | None, str] = first or second or (None, "none")
+    return _finish(request, limit, notes)
+
+
+def pod_inputs(qos: QoSClass, pod: PodInfo) -> MemoryInputs:
+    """The pod's total memory request and limit (sums over the annotation's containers)."""
+    spec, problem = extended_resource_spec(pod.annotations)
+    notes = [problem] if problem else []
+    name = _resource_name(qos)
+    request: tuple[int | None, str] = (None, "unknown")
+    requested = [entry.requests[name] for entry in spec.values() if name in entry.requests]
+    if requested:
+        request = (sum(requested), f"{EXTENDED_RESOURCE_SPEC} requests[{name}], summed")
+    elif (unified := _unified_request(pod.resources)) is not None:
+        request = (unified, "unified memory.min (kubelet MemoryQoS)")
+    cri = pod.resources.memory_limit_in_bytes if pod.resources is not None else 0
+    from_cri = (cri, "pod resources memory_limit_in_bytes") if cri > 0 else None
+    limits = [entry.limits.get(name, 0) for entry in spec.values()]
+    from_spec = (sum(limits), f"{EXTENDED_RESOURCE_SPEC} limits[{name}], summed") if limits and all(limits) else None
+    first, second = (from_spec, from_cri) if qos is QoSClass.BE else (from_cri, from_spec)
+    limit: tuple[int | None, str] = first or second or (None, "none")
+    return _finish(request, limit, notes)
+
+
+# --- values (pure) ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Protection:
+    """cgroup v2 memory.min / memory.low / memory.high in bytes; None leaves the file as it is."""
+
+    min: int | None = None
+    low: int | None = None
+    high: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+def _page_floor(value: int, page_size: int) -> int:
+    return value // page_size * page_size
+
+
+def protection(
+    request: int | None, limit: int | None, policy: MemoryClassPolicy, page_size: int = PAGE_SIZE
+) -> Protection:
+    """memory.min / low / high for a request and limit (None: unknown / unlimited); see the module doc."""
+    if page_size <= 0:
+        raise ValueError(f"page size must be > 0, got {page_size}")
+    for what, value in (("request", request), ("limit", limit)):
+        if value is not None and value < 0:
+            raise ValueError(f"memory {what} must be >= 0, got {value}")
+    notes: list[str] = []
+    if request is not None and limit is not None and request > limit:
+        request = limit
+    mem_min = mem_low = mem_high = None
+    if request is not None:
+        if policy.min_percent:
+            mem_min = _page_floor(request * policy.min_percent // 100, page_size)
+        if policy.low_percent:
+            mem_low = _page_floor(request * policy.low_percent // 100, page_size)
+            if mem_min is not None and mem_low < mem_min:
+                mem_low = mem_min
+    elif policy.min_percent or policy.low_percent:
+        notes.append("memory.min/low left alone: the memory request is unknown")
+    if policy.throttling_percent:
+        if limit is None:
+            notes.append("memory.high left alone: no memory limit")
+        else:
+            base = request if request is not None else 0
+            mem_high = _page_floor(base + (limit - base) * policy.throttling_percent // 100, page_size)
+            if mem_high == 0:
+                notes.append("memory.high left alone: the limit is below one page")
+                mem_high = None
+            elif mem_min is not None and mem_high < mem_min:
+                mem_high = mem_min
+    return Protection(mem_min, mem_low, mem_high, tuple(notes))
+
+
+def soft_limit(request: int | None, policy: MemoryClassPolicy, page_size: int = PAGE_SIZE) -> int | None:
+    """cgroup v1 memory.soft_limit_in_bytes for ``v1_soft_limit`` (whole pages, as the kernel
+    keeps it); None leaves the file alone."""
+    if policy.v1_soft_limit == "zero":
+        return 0
+    if policy.v1_soft_limit == "request" and request is not None:
+        return _page_floor(request, page_size)
+    return None
+
+
+def wmark_values(policy: MemoryClassPolicy) -> dict[str, int]:
+    """The Alibaba Cloud Linux memcg watermark settings (setting name of cgroups.FILES -> value)."""
+    return {
+        "memory.wmark_ratio": policy.wmark_ratio,
+        "memory.wmark_scale_factor": policy.wmark_scale_permill,
+        "memory.wmark_min_adj": policy.wmark_min_adj,
+    }
+
+
+def oom_score_adj(qos: QoSClass, current: int) -> int | None:
+    """The oom_score_adj to ask for: BE_OOM_SCORE_ADJ for a BE container below it, else None.
+    Never lower than ``current``."""
+    if qos is QoSClass.BE and current < BE_OOM_SCORE_ADJ:
+        return BE_OOM_SCORE_ADJ
+    return None
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What to write to one cgroup: the inputs, and per file the value (None: left alone)."""
+
+    level: Level
+    qos: QoSClass
+    version: CgroupVersion
+    inputs: MemoryInputs
+    protection: Protection | None = None  # v2
+    soft_limit: int | None = None  # v1
+    wmark: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def files(self) -> dict[str, str | None]:
+        """File name -> value written ("max" for no memory.high), None for files left alone.
+        The wmark files are written only where the kernel has them."""
+        shown: dict[str, str | None] = {}
+        if self.version is CgroupVersion.V2:
+            prot = self.protection or Protection()
+            shown["memory.min"] = None if prot.min is None else str(prot.min)
+            shown["memory.low"] = None if prot.low is None else str(prot.low)
+            shown["memory.high"] = None if prot.high is None else str(prot.high)
+        else:
+            shown["memory.soft_limit_in_bytes"] = None if self.soft_limit is None else str(self.soft_limit)
+        shown.update({name: str(value) for name, value in self.wmark.items()})
+        return shown
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.inputs.notes + (self.protection.notes if self.protection else ())
+
+    def describe(self) -> dict[str, Any]:
+        """The plan as plain data (for ``explain``)."""
+        return {
+            "level": self.level,
+            "class": self.qos.value,
+            "cgroup": f"v{int(self.version)}",
+            "request": self.inputs.request,
+            "request_source": self.inputs.request_source,
+            "limit": self.inputs.limit,
+            "limit_source": self.inputs.limit_source,
+            "files": self.files(),
+            "notes": list(self.notes),
+        }
+
+
+def _plan(
+    level: Level,
+    qos: QoSClass,
+    policy: MemoryClassPolicy,
+    version: CgroupVersion,
+    inputs: MemoryInputs,
+    page_size: int,
+) -> MemoryPlan:
+    if version is CgroupVersion.V2:
+        prot = protection(inputs.request, inputs.limit, policy, page_size)
+        return MemoryPlan(level, qos, version, inputs, protection=prot, wmark=MappingProxyType(wmark_values(policy)))
+    return MemoryPlan(
+        level,
+        qos,
+        version,
+        inputs,
+        soft_limit=soft_limit(inputs.request, policy, page_size),
+        wmark=MappingProxyType(wmark_values(policy)),
+    )
+
+
+def container_plan(
+    qos: QoSClass,
+    policy: MemoryClassPolicy,
+    pod: PodInfo,
+    container: ContainerInfo,
+    version: CgroupVersion,
+    page_size: int = PAGE_SIZE,
+) -> MemoryPlan:
+    """What PostStartContainer writes to the container's cgroup."""
+    return _plan("container", qos, policy, version, container_inputs(qos, pod, container), page_size)
+
+
+def pod_plan(
+    qos: QoSClass, policy: MemoryClassPolicy, pod: PodInfo, version: CgroupVersion, page_size: int = PAGE_SIZE
+) -> MemoryPlan:
+    """What PreRunPodSandbox writes to the pod's cgroup."""
+    return _plan("pod", qos, policy, version, pod_inputs(qos, pod), page_size)
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def _same(cgroups: CgroupFS, file: str, value: str, parent: str, container_id: str | None) -> bool:
+    try:
+        return cgroups.read("memory", file, parent, container_id) == value
+    except FileNotFoundError:
+        return False
+
+
+def apply_plan(
+    cgroups: CgroupFS,
+    plan: MemoryPlan,
+    parent: str,
+    container_id: str | None = None,
+    *,
+    only_drifted: bool = False,
+) -> dict[str, str]:
+    """Write ``plan`` to the pod's (or container's) cgroup; the files written and their values.
+
+    ``only_drifted``: read each file first and write only those that differ (reconcile).
+    Raises FileNotFoundError when the cgroup does not exist and CgroupUnsupported when the
+    memory controller's files are missing (not enabled for this cgroup); wmark files that
+    the kernel lacks are skipped.
+    """
+    if not cgroups.exists(parent, container_id, "memory"):
+        raise FileNotFoundError(f"no memory cgroup for {parent!r} {container_id or ''}".strip())
+    wanted = {name: value for name, value in plan.files().items() if value is not None}
+    if only_drifted:
+        wanted = {
+            name: value for name, value in wanted.items() if not _same(cgroups, name, value, parent, container_id)
+        }
+    written: dict[str, str] = {}
+    if plan.version is CgroupVersion.V2:
+        values = {name: int(wanted[name]) if name in wanted else None for name in _V2_FILES}
+        if any(value is not None for value in values.values()):
+            cgroups.set_memory_protection(
+                parent,
+                min_bytes=values["memory.min"],
+                low_bytes=values["memory.low"],
+                high_bytes=values["memory.high"],
+                container_id=container_id,
+            )
+            written.update({name: wanted[name] for name in _V2_FILES if name in wanted})
+    elif _V1_FILE in wanted:
+        cgroups.set_memory_soft_limit(parent, int(wanted[_V1_FILE]), container_id=container_id)
+        written[_V1_FILE] = wanted[_V1_FILE]
+    for setting in plan.wmark:
+        name = cgroups.file_name(setting)
+        if name in wanted and cgroups.has_file("memory", name, parent, container_id):
+            cgroups.write("memory", name, wanted[name], parent, container_id)
+            written[name] = wanted[name]
+    return written
+
+
+def _apply(
+    cgroups: CgroupFS, plan: MemoryPlan, parent: str, container_id: str | None, log: Any, *, only_drifted: bool = False
+) -> dict[str, str]:
+    for note in plan.notes:
+        log.debug("memory plan note", level=plan.level, note=note)
+    try:
+        written = apply_plan(cgroups, plan, parent, container_id, only_drifted=only_drifted)
+    except FileNotFoundError:
+        log.debug("no memory cgroup to write", level=plan.level)
+        return {}
+    except CgroupUnsupported as exc:
+        log.debug("memory files not available", level=plan.level, error=str(exc))
+        return {}
+    if written:
+        log.debug("memory settings written", level=plan.level, files=written, drifted=only_drifted)
+    return written
+
+
+# --- handlers -----------------------------------------------------------------------------------
+
+
+@plugin.on(HookPoint.PRE_RUN_POD_SANDBOX)
+def pod_memory(
+    *,
+    pod: PodInfo,
+    qos: QoSClass,
+    policy: MemoryClassPolicy | None,
+    cgroups: CgroupFS | None,
+    log: Any,
+    **kwargs: Any,
+) -> None:
+    if policy is None or cgroups is None or pod.resources is None or not pod.cgroup_parent:
+        return
+    try:
+        plan = pod_plan(qos, policy, pod, cgroups.version)
+        _apply(cgroups, plan, pod.cgroup_parent, None, log)
+    except CgroupError as exc:  # not a cgroup mount, or a parent we refuse to touch
+        log.warning("pod memory settings not written", error=str(exc))
+
+
+@plugin.on(HookPoint.PRE_CREATE_CONTAINER)
+def container_oom(*, container: ContainerInfo | None, qos: QoSClass, response: HookResponse, **kwargs: Any) -> None:
+    if container is None:
+        return
+    current = container.resources.oom_score_adj if container.resources is not None else 0
+    target = oom_score_adj(qos, current)
+    if target is not None:
+        response.resources.oom_score_adj = target
+
+
+@plugin.on(HookPoint.POST_START_CONTAINER)
+def container_memory(
+    *,
+    pod: PodInfo,
+    container: ContainerInfo | None,
+    qos: QoSClass,
+    policy: MemoryClassPolicy | None,
+    cgroups: CgroupFS | None,
+    log: Any,
+    **kwargs: Any,
+) -> None:
+    if policy is None or cgroups is None or container is None or not container.id or not pod.cgroup_parent:
+        return
+    try:
+        plan = container_plan(qos, policy, pod, container, cgroups.version)
+        _apply(cgroups, plan, pod.cgroup_parent, container.id, log)
+    except CgroupError as exc:
+        log.warning("container memory settings not written", error=str(exc))
+
+
+@plugin.reconcile
+def reconcile(
+    *,
+    pods: Sequence[PodInfo],
+    cgroups: CgroupFS | None,
+    policy_for: Callable[[QoSClass], Any],
+    log: Any,
+    containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
+    **kwargs: Any,
+) -> int:
+    """Set back what drifted from the current policy: each pod's cgroup (when its resources are
+    known) and its containers' (``containers``, by sandbox id). Returns the files rewritten."""
+    if cgroups is None:
+        return 0
+    repaired = 0
+    for pod in pods:
+        if not pod.cgroup_parent:
+            continue
+        qos = qos_of(pod).qos_class
+        policy = policy_for(qos)
+        if not isinstance(policy, MemoryClassPolicy):
+            continue
+        try:
+            if pod.resources is not None:
+                plan = pod_plan(qos, policy, pod, cgroups.version)
+                repaired += len(_apply(cgroups, plan, pod.cgroup_parent, None, log, only_drifted=True))
+            for container in (containers or {}).get(pod.sandbox_id, ()):
+                if container.id:
+                    plan = container_plan(qos, policy, pod, container, cgroups.version)
+                    written = _apply(cgroups, plan, pod.cgroup_parent, container.id, log, only_drifted=True)
+                    repaired += len(written)
+        except CgroupError as exc:
+            log.warning("memory settings not reconciled", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
+    if repaired:
+        log.info("memory settings set back", files=repaired)
+    return repaired

@@ -1,0 +1,621 @@
+"""The ``resctrl`` plugin: last-level cache ways (L3 CAT) and memory bandwidth (MBA) per QoS class.
+
+What it does
+------------
+
+**At start** (``on_start``) it creates one resctrl control group per class group and writes
+each group's schemata -- the L3 line(s) and the MB line, every cache / MB domain listed -- in
+ONE write, so the kernel applies it all or nothing. The groups and the classes in them:
+
+===========  ===================  =================================================
+group        classes              why
+===========  ===================  =================================================
+``rtpx-LSR`` LSE, LSR             Koordinator puts LSE pods into its LSR group
+``rtpx-LS``  LS, SYSTEM           SYSTEM has no group in Koordinator; here it shares
+                                  LS's (the default policy gives both the same values)
+``rtpx-BE``  BE
+===========  ===================  =================================================
+
+A group's values come from the policy entries of its classes. When they differ (a policy
+giving LSE other values than LSR, say), the group gets the widest of them -- the lowest
+``l3_percent_range`` start, the highest end, the highest ``mb_percent`` -- so no class gets
+less than its entry asks; the plan notes it (:func:`plan_groups`).
+
+**CLOSIDs are few** (often 16, 8 or 4 with CDP), the root group holds one, and other tools'
+groups hold theirs. The plugin never creates more than ``num_closids - 1`` groups in all: with
+room for fewer than three it merges, logging the merge once at start:
+
+* two groups: ``rtpx-LS`` holds LSE, LSR, LS and SYSTEM (with the widest of their values),
+  ``rtpx-BE`` holds BE;
+* one group: only ``rtpx-BE``; the other classes stay in the root group (full cache and
+  bandwidth, which nothing here changes);
+* none: the plugin disables itself.
+
+Groups named ``rtpx-*`` left over from an earlier run that the current layout does not use
+are removed (their tasks go back to the root group) so that they hold no CLOSID.
+
+**Without resctrl** -- no ``resctrl`` handle (``--resctrl-root`` not mounted), no allocation
+resource the plugin can use (no L3 CAT and no percent-based MBA: AMD bandwidth units or an
+``mba_MBps`` mount), or no CLOSID left -- the plugin logs ONE line saying why and does nothing
+afterwards. Only L3 or only MB is fine: the other line is left out.
+
+**PostStartContainer**: every thread of the new container joins its class's group. The
+kernel moves the *thread* whose id is written, so the ids come from the container cgroup's
+``cgroup.threads`` (v2) or ``tasks`` (v1, the ``cpu`` hierarchy), and from those of any cgroup
+nested below it; one id per write (:meth:`ResctrlFS.add_tasks`). Threads created later inherit
+the group. A pod's class is its containers' class.
+
+**Reconcile** (every ``reconciler.interval_seconds``, with the pods the caller passes):
+
+* every group is read back and its schemata compared, as parsed values, with what the
+  *current* policy asks; a group that drifted (edited behind our back, or the policy changed)
+  gets its schemata written again, a group that vanished is created again -- each counted
+  in :func:`stats` as ``schemata_repaired``;
+* each pod's threads -- its whole cgroup subtree, sandbox included -- that are not in their
+  group yet are moved in (``tasks_moved``): threads someone moved out, and containers whose
+  PostStartContainer call was missed (threads a process starts later inherit its group).
+
+The handler returns groups repaired plus threads moved, the runner's drift count.
+
+The plugin keeps no state per pod: a pod that is gone needs nothing in resctrl (its tasks
+left the group as they exited), and reconcile only looks at the pods it is given. Stopping
+the server leaves the groups as they are (tasks and all), so a restart changes nothing.
+
+The pure parts -- :func:`group_layout`, :func:`class_group_settings`, :func:`plan_groups` --
+touch no file, for ``explain`` and tests.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final
+
+from ..cgroups import CgroupError, CgroupFS, CgroupVersion
+from ..policy import ResctrlPolicy
+from ..qos import QoSClass
+from ..resctrl import (
+    ResctrlError,
+    ResctrlFS,
+    ResctrlInfo,
+    ResctrlTasksError,
+    parse_schemata,
+    schemata_lines,
+)
+from ..sdk import ContainerInfo, HookPoint, Plugin, PodInfo, qos_of
+
+__all__ = [
+    "GROUP_PREFIX",
+    "LAYOUTS",
+    "GroupPlan",
+    "ReconcileReport",
+    "ResctrlPlan",
+    "cgroup_threads",
+    "class_group_settings",
+    "disabled_reason",
+    "group_layout",
+    "plan_groups",
+    "plugin",
+    "reconcile_pods",
+    "stats",
+    "usable_resources",
+]
+
+plugin = Plugin(
+    "resctrl",
+    version="1.0",
+    order=40,
+    failure_policy="ignore",
+    timeout=5.0,
+    description="L3 cache ways and memory bandwidth per QoS class through resctrl groups",
+)
+
+#: Every group this plugin creates is named with this prefix; other groups are never touched.
+GROUP_PREFIX: Final = "rtpx-"
+
+_LSR: Final = GROUP_PREFIX + "LSR"
+_LS: Final = GROUP_PREFIX + "LS"
+_BE: Final = GROUP_PREFIX + "BE"
+
+_Layout = tuple[tuple[str, tuple[QoSClass, ...]], ...]
+
+#: Group layouts by the number of groups there is room for (3 or more: the full layout).
+LAYOUTS: Final[Mapping[int, _Layout]] = MappingProxyType(
+    {
+        3: (
+            (_LSR, (QoSClass.LSE, QoSClass.LSR)),
+            (_LS, (QoSClass.LS, QoSClass.SYSTEM)),
+            (_BE, (QoSClass.BE,)),
+        ),
+        2: (
+            (_LS, (QoSClass.LSE, QoSClass.LSR, QoSClass.LS, QoSClass.SYSTEM)),
+            (_BE, (QoSClass.BE,)),
+        ),
+        1: ((_BE, (QoSClass.BE,)),),
+        0: (),
+    }
+)
+
+
+# --- the plan (pure) ----------------------------------------------------------------------------
+
+
+def group_layout(room: int) -> _Layout:
+    """The groups (name, classes) to create when ``room`` more groups fit (see the module doc)."""
+    return LAYOUTS[max(0, min(room, 3))]
+
+
+def class_group_settings(section: ResctrlPolicy, classes: Iterable[QoSClass]) -> tuple[tuple[int, int], int, bool]:
+    """The (l3 percent range, mb percent) of a group holding ``classes``: the widest of their
+    policy entries. The third value says whether the entries differed (so widening happened)."""
+    entries = [getattr(section, QoSClass(qos).value) for qos in classes]
+    if not entries:
+        raise ValueError("a group needs at least one class")
+    start = min(entry.l3_percent_range[0] for entry in entries)
+    end = max(entry.l3_percent_range[1] for entry in entries)
+    mb = max(entry.mb_percent for entry in entries)
+    differ = len({(entry.l3_percent_range, entry.mb_percent) for entry in entries}) > 1
+    return (start, end), mb, differ
+
+
+def usable_resources(info: ResctrlInfo) -> tuple[bool, bool, tuple[str, ...]]:
+    """Whether L3 CAT and percent-based MBA can be used on this mount, and why not where not."""
+    reasons: list[str] = []
+    l3 = info.l3 is not None and bool(info.l3.cache_ids)
+    if not l3:
+        reasons.append("no L3 cache allocation")
+    mb = info.mb is not None and info.mb.percent and bool(info.mb.domain_ids)
+    if info.mb is None:
+        reasons.append("no memory bandwidth allocation")
+    elif not info.mb.percent:
+        reasons.append("MB values are not percentages (AMD units or an mba_MBps mount)")
+    return l3, bool(mb), tuple(reasons)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group: its name, classes, the values it gets and the schemata text written for them."""
+
+    name: str
+    classes: tuple[QoSClass, ...]
+    l3_percent_range: tuple[int, int] | None
+    mb_percent: int | None
+    schemata: str
+    widened: bool = False
+
+    def parsed(self) -> dict[str, dict[int, int]]:
+        return parse_schemata(self.schemata)
+
+
+@dataclass(frozen=True)
+class ResctrlPlan:
+    """What the plugin sets up: the groups, each class's group (None: stays in the root group),
+    and notes on merges and widening."""
+
+    groups: tuple[GroupPlan, ...]
+    class_group: Mapping[QoSClass, str | None]
+    notes: tuple[str, ...] = ()
+
+    def group(self, name: str) -> GroupPlan:
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+    def describe(self) -> dict[str, Any]:
+        """The plan as plain data (for ``explain``)."""
+        return {
+            "groups": {
+                group.name: {
+                    "classes": [qos.value for qos in group.classes],
+                    "l3_percent_range": list(group.l3_percent_range) if group.l3_percent_range else None,
+                    "mb_percent": group.mb_percent,
+                    "schemata": group.schemata.splitlines(),
+                }
+                for group in self.groups
+            },
+            "classes": {qos.value: group for qos, group in self.class_group.items()},
+            "notes": list(self.notes),
+        }
+
+
+def plan_groups(info: ResctrlInfo, section: ResctrlPolicy, room: int) -> ResctrlPlan:
+    """The groups for ``room`` free CLOSIDs on a mount described by ``info``, with ``section``'s values.
+
+    Raises ResctrlUnsupported (via schemata_lines) only for a resource ``info`` says it lacks,
+    which usable_resources rules out first; returns a plan without groups when neither L3 nor
+    percent MB is usable or there is no room.
+    """
+    use_l3, use_mb, reasons = usable_resources(info)
+    layout = group_layout(room) if (use_l3 or use_mb) else ()
+    notes: list[str] = []
+    if not (use_l3 or use_mb):
+        notes.append("nothing to allocate: " + "; ".join(reasons))
+    elif room < 3:
+        placed = {qos for _, classes in layout for qos in classes}
+        merged = ", ".join(f"{name}: {'+'.join(q.value for q in classes)}" for name, classes in layout) or "none"
+        rooted = ", ".join(q.value for q in QoSClass if q not in placed)
+        notes.append(
+            f"room for {max(room, 0)} resctrl group(s) only: {merged}"
+            + (f"; {rooted} stay in the root group" if rooted else "")
+        )
+    groups: list[GroupPlan] = []
+    for name, classes in layout:
+        l3_range, mb, differ = class_group_settings(section, classes)
+        if differ:
+            notes.append(f"{name}: its classes' policies differ; it gets the widest (L3 {l3_range}, MB {mb}%)")
+        text = schemata_lines(info, l3_range if use_l3 else None, mb if use_mb else None)
+        groups.append(
+            GroupPlan(
+                name=name,
+                classes=classes,
+                l3_percent_range=l3_range if use_l3 else None,
+                mb_percent=mb if use_mb else None,
+                schemata=text,
+                widened=differ,
+            )
+        )
+    class_group: dict[QoSClass, str | None] = dict.fromkeys(QoSClass)
+    for name, classes in layout:
+        for qos in classes:
+            class_group[qos] = name
+    return ResctrlPlan(tuple(groups), MappingProxyType(class_group), tuple(notes))
+
+
+# --- reading a cgroup's threads -----------------------------------------------------------------
+
+
+def _read_ids(path: str) -> set[int]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ELOOP):
+            return set()  # the cgroup went away, or not a cgroup file
+        raise
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENODEV):
+            return set()
+        raise
+    finally:
+        os.close(fd)
+    return _parse_ids(b"".join(chunks).decode("ascii", "replace"))
+
+
+def _parse_ids(text: str) -> set[int]:
+    return {int(word) for word in text.split() if word.isdigit() and int(word) > 0}
+
+
+def cgroup_threads(cgroups: CgroupFS, parent: str, container_id: str | None = None) -> set[int]:
+    """Every thread id in the pod's (or container's) cgroup and the cgroups below it.
+
+    v2 lists a cgroup's threads in ``cgroup.threads`` (every cgroup has it), v1 in ``tasks``
+    (the ``cpu`` hierarchy is read). Empty when the cgroup does not exist. The cgroup itself is
+    read through ``cgroups`` (so a dry-run handle answers for it), those below it directly.
+    """
+    if not cgroups.exists(parent, container_id, "cpu"):
+        return set()
+    name = "cgroup.threads" if cgroups.version is CgroupVersion.V2 else "tasks"
+    try:
+        found = _parse_ids(cgroups.read("cpu", name, parent, container_id))
+    except FileNotFoundError:
+        found = set()
+    top = cgroups.path("cpu", parent, container_id)
+    if top.is_dir():
+        for directory, _dirs, files in os.walk(top, followlinks=False):
+            if directory != str(top) and name in files:
+                found |= _read_ids(os.path.join(directory, name))
+    return found
+
+
+# --- state --------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReconcileReport:
+    """What one reconcile did."""
+
+    schemata_repaired: list[str] = field(default_factory=list)
+    tasks_moved: int = 0
+    tasks_exited: int = 0
+    pods: int = 0
+
+    @property
+    def repaired(self) -> int:
+        """What the reconcile handler returns: groups repaired plus threads moved."""
+        return len(self.schemata_repaired) + self.tasks_moved
+
+
+class _Controller:
+    """The groups of one started plugin: the layout fixed at start, counters, and the moves."""
+
+    def __init__(self, fs: ResctrlFS, info: ResctrlInfo, room: int) -> None:
+        self.fs = fs
+        self.info = info
+        self.room = room
+        self.layout = group_layout(room)
+        self.lock = threading.Lock()
+        self.counters = {"schemata_repaired": 0, "tasks_moved": 0, "tasks_exited": 0, "task_failures": 0}
+
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.layout)
+
+    def plan(self, section: ResctrlPolicy) -> ResctrlPlan:
+        return plan_groups(self.info, section, self.room)
+
+    def group_for(self, qos: QoSClass) -> str | None:
+        for name, classes in self.layout:
+            if qos in classes:
+                return name
+        return None
+
+    def _count(self, name: str, amount: int) -> None:
+        with self.lock:
+            self.counters[name] += amount
+
+    def create(self, plan: ResctrlPlan) -> None:
+        """At start: make every group and write its schemata (one write each)."""
+        for group in plan.groups:
+            self.fs.ensure_group(group.name)
+            self.fs.write_schemata(group.name, group.schemata)
+
+    def repair(self, plan: ResctrlPlan, log: Any) -> list[str]:
+        """Re-create missing groups and rewrite schemata that differ from the plan; the groups repaired."""
+        repaired: list[str] = []
+        existing = set(self.fs.groups())
+        for group in plan.groups:
+            missing = group.name not in existing
+            if missing:
+                self.fs.ensure_group(group.name)
+                drifted = True
+            else:
+                want = group.parsed()
+                have = self.fs.schemata(group.name)
+                drifted = any(have.get(resource) != values for resource, values in want.items())
+            if drifted:
+                self.fs.write_schemata(group.name, group.schemata)
+                repaired.append(group.name)
+                log.info(
+                    "resctrl group repaired",
+                    group=group.name,
+                    reason="group was missing" if missing else "schemata drifted",
+                    schemata=group.schemata.strip().replace("\n", "; "),
+                )
+        if repaired:
+            self._count("schemata_repaired", len(repaired))
+        return repaired
+
+    def move(self, group: str, tids: Iterable[int], log: Any, known: set[int] | None = None) -> tuple[int, int]:
+        """Move the threads not in ``group`` yet (``known``: its tasks, read when None); (moved, exited)."""
+        current = self.fs.tasks(group) if known is None else known
+        new = sorted(set(tids) - current)
+        if not new:
+            return 0, 0
+        try:
+            result = self.fs.add_tasks(group, new)
+        except ResctrlTasksError as exc:
+            result = exc.result
+            self._count("task_failures", len(result.failed))
+            log.warning("some threads could not join their resctrl group", group=group, error=str(exc))
+        current.update(result.moved)
+        self._count("tasks_moved", len(result.moved))
+        self._count("tasks_exited", len(result.exited))
+        return len(result.moved), len(result.exited)
+
+
+@dataclass
+class _Entry:
+    """The plugin's state for one resctrl handle: its controller, or why there is none."""
+
+    controller: _Controller | None
+    disabled_reason: str
+
+
+class _State:
+    """The plugin's state per resctrl handle (``None``: no resctrl), set up on first use.
+
+    Keyed by the handle so that a rehearsal (``runtime-hooks explain``, with its dry-run handle)
+    never disturbs a server's groups in the same process. Nothing is kept per pod.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: weakref.WeakKeyDictionary[ResctrlFS, _Entry] = weakref.WeakKeyDictionary()
+        self.without: _Entry | None = None  # for resctrl=None
+        self.last: _Entry | None = None
+
+    def reset(self, resctrl: ResctrlFS | None) -> None:
+        with self.lock:
+            if resctrl is None:
+                self.without = None
+            else:
+                self.entries.pop(resctrl, None)
+
+    def ensure(self, resctrl: ResctrlFS | None, section: ResctrlPolicy | None, log: Any) -> _Controller | None:
+        """The controller for ``resctrl``, set up on first use (on_start, or the first call without one)."""
+        with self.lock:
+            entry = self.without if resctrl is None else self.entries.get(resctrl)
+            if entry is None:
+                entry = _Entry(*_setup(resctrl, section, log))
+                if resctrl is None:
+                    self.without = entry
+                else:
+                    self.entries[resctrl] = entry
+                self.last = entry
+            return entry.controller
+
+
+_state = _State()
+
+
+def _disabled(log: Any, reason: str) -> tuple[None, str]:
+    log.info("resctrl plugin disabled", reason=reason)
+    return None, reason
+
+
+def _setup(resctrl: ResctrlFS | None, section: ResctrlPolicy | None, log: Any) -> tuple[_Controller | None, str]:
+    if resctrl is None or not resctrl.available():
+        return _disabled(log, "resctrl is not mounted")
+    if section is None:
+        return _disabled(log, "no resctrl policy section")
+    try:
+        info = resctrl.info(refresh=True)
+        existing = resctrl.groups()
+    except (ResctrlError, OSError) as exc:
+        return _disabled(log, f"cannot read resctrl: {exc}")
+    use_l3, use_mb, reasons = usable_resources(info)
+    if not (use_l3 or use_mb):
+        return _disabled(log, "; ".join(reasons))
+    foreign = [name for name in existing if not name.startswith(GROUP_PREFIX)]
+    room = min(3, info.max_groups - len(foreign))
+    if room <= 0:
+        detail = f"{', '.join(foreign)} hold the rest" if foreign else "the root group holds the only one"
+        return _disabled(log, f"no CLOSID left: {info.num_closids} CLOSID(s), {detail}")
+    controller = _Controller(resctrl, info, room)
+    plan = controller.plan(section)
+    wanted = set(controller.group_names)
+    try:
+        for name in existing:
+            if name.startswith(GROUP_PREFIX) and name not in wanted:
+                resctrl.remove_group(name)  # left over from another layout: give its CLOSID back
+        controller.create(plan)
+    except (ResctrlError, OSError) as exc:
+        return _disabled(log, f"cannot set up the resctrl groups: {exc}")
+    if room < 3:
+        log.warning("resctrl classes merged for lack of CLOSIDs", num_closids=info.num_closids, notes=list(plan.notes))
+    log.info(
+        "resctrl groups ready",
+        groups={group.name: "+".join(q.value for q in group.classes) for group in plan.groups},
+        l3=use_l3,
+        mb=use_mb,
+    )
+    return controller, ""
+
+
+def stats(resctrl: ResctrlFS | None = None) -> dict[str, int]:
+    """Counters since the plugin started on ``resctrl`` (default: the handle set up last):
+    schemata_repaired (groups re-created or rewritten), tasks_moved, tasks_exited, task_failures."""
+    entry = _state.last if resctrl is None else _state.entries.get(resctrl)
+    controller = entry.controller if entry is not None else None
+    if controller is None:
+        return {"schemata_repaired": 0, "tasks_moved": 0, "tasks_exited": 0, "task_failures": 0}
+    with controller.lock:
+        return dict(controller.counters)
+
+
+def disabled_reason(resctrl: ResctrlFS | None = None) -> str:
+    """Why the plugin does nothing on ``resctrl`` (default: the handle set up last); "" when it works."""
+    entry = _state.last if resctrl is None else _state.entries.get(resctrl)
+    return entry.disabled_reason if entry is not None else ""
+
+
+# --- handlers -----------------------------------------------------------------------------------
+
+
+@plugin.on_start
+def start(*, resctrl: ResctrlFS | None, policy_section: ResctrlPolicy | None, log: Any, **kwargs: Any) -> None:
+    _state.reset(resctrl)
+    _state.ensure(resctrl, policy_section, log)
+
+
+@plugin.on_stop
+def stop(*, resctrl: ResctrlFS | None, **kwargs: Any) -> None:
+    _state.reset(resctrl)  # the groups stay: their tasks keep running with the class's allocation
+
+
+@plugin.on(HookPoint.POST_START_CONTAINER)
+def join_group(
+    *,
+    pod: PodInfo,
+    container: ContainerInfo | None,
+    qos: QoSClass,
+    cgroups: CgroupFS | None,
+    resctrl: ResctrlFS | None,
+    policy_section: ResctrlPolicy | None,
+    log: Any,
+    **kwargs: Any,
+) -> None:
+    controller = _state.ensure(resctrl, policy_section, log)
+    if controller is None or container is None:
+        return
+    group = controller.group_for(qos)
+    if group is None:
+        return  # this class stays in the root group
+    if cgroups is None or not container.id or not pod.cgroup_parent:
+        log.debug("container cgroup unknown; its threads join at the next reconcile", group=group)
+        return
+    try:
+        tids = cgroup_threads(cgroups, pod.cgroup_parent, container.id)
+    except (CgroupError, OSError) as exc:
+        log.warning("cannot read the container's threads", error=str(exc))
+        return
+    if not tids:
+        log.debug("container cgroup has no threads (yet)", group=group)
+        return
+    if policy_section is not None and group not in controller.fs.groups():
+        controller.repair(controller.plan(policy_section), log)  # removed behind our back
+    moved, exited = controller.move(group, tids, log)
+    log.debug("container threads joined resctrl group", group=group, moved=moved, exited=exited)
+
+
+@plugin.reconcile
+def reconcile(
+    *,
+    pods: Sequence[PodInfo],
+    cgroups: CgroupFS | None,
+    resctrl: ResctrlFS | None,
+    policy_section: ResctrlPolicy | None,
+    log: Any,
+    **kwargs: Any,
+) -> int:
+    """Repair drifted or missing groups and move the pods' stray threads into their groups;
+    returns how many things it set back (groups repaired + threads moved)."""
+    return reconcile_pods(pods, cgroups, resctrl, policy_section, log).repaired
+
+
+def reconcile_pods(
+    pods: Sequence[PodInfo],
+    cgroups: CgroupFS | None,
+    resctrl: ResctrlFS | None,
+    policy_section: ResctrlPolicy | None,
+    log: Any,
+) -> ReconcileReport:
+    """One reconcile round (see the module doc), with what it did."""
+    report = ReconcileReport()
+    controller = _state.ensure(resctrl, policy_section, log)
+    if controller is None or policy_section is None:
+        return report
+    report.schemata_repaired = controller.repair(controller.plan(policy_section), log)
+    if cgroups is None:
+        return report
+    known = {name: controller.fs.tasks(name) for name in controller.group_names}
+    for pod in pods:
+        group = controller.group_for(qos_of(pod).qos_class)
+        if group is None or not pod.cgroup_parent:
+            continue
+        try:
+            tids = cgroup_threads(cgroups, pod.cgroup_parent)
+        except (CgroupError, OSError) as exc:
+            log.warning("cannot read the pod's threads", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
+            continue
+        report.pods += 1
+        moved, exited = controller.move(group, tids, log, known[group])
+        report.tasks_moved += moved
+        report.tasks_exited += exited
+    if report.repaired:
+        log.info(
+            "resctrl reconciled",
+            schemata_repaired=report.schemata_repaired,
+            tasks_moved=report.tasks_moved,
+            pods=report.pods,
+        )
+    return report

@@ -1,0 +1,434 @@
+"""The reconciler of runtime-hooks: every interval, the plugins re-apply what they own to the live pods.
+
+Hook calls apply a plugin's settings once, when a pod or container starts. Afterwards they
+can drift: someone edits a cgroup or resctrl file, a policy reload changes a class's values,
+a hook call was missed while the hook server was down. Every
+``policy.reconciler.interval_seconds`` (10 s by default; a policy reload that changes it
+takes effect at once) the :class:`Reconciler`:
+
+1. lists the live pods from the CRI runtime: sandboxes in state READY and their containers
+   in state CREATED or RUNNING, each rebuilt from the runtime's verbose status by
+   :class:`runtimeproxy.dispatch.store.RuntimeLoader` -- the same records the proxy rebuilds
+   its store from, so plugins see what a hook call would have shown them;
+2. calls :meth:`PluginRunner.reconcile_report <runtimeproxy.hooks.sdk.PluginRunner.reconcile_report>`
+   with ``pods`` (PodInfo), ``containers`` (ContainerInfo by sandbox id) and what went away
+   since the previous round (``gone``, ``gone_containers``), so that each plugin re-applies
+   its class-level settings and its per-pod values and clears the state it kept for pods
+   that are gone;
+3. counts what the plugins repaired (each reconcile handler returns the number of values
+   it found drifted and set back) in ``runtimehooks_reconcile_drift_total{plugin}``, and
+   the round's duration in ``runtimehooks_reconcile_duration_seconds``.
+
+**It never fights kubelet.** The reconciler writes nothing itself, and reconcile handlers
+touch only values their plugin owns: what their own hooks set on the node (resctrl groups
+and their schemata, a class's cgroup knobs, tc classes...). Values kubelet owns -- the CRI
+resources it sends in CreateContainer and UpdateContainerResources (cpu shares and quota,
+memory limit, cpuset) and the pod and QoS-level cgroups kubelet manages -- are changed only
+through hook responses, on kubelet's own calls, and never re-applied here: kubelet would
+set them back on its next sync, and the two would take turns overwriting each other.
+
+**Failures.** A runtime that cannot be listed (containerd down or restarting) is logged
+and tried again at the next interval; the previous round's pods stay the reference for
+``gone``. A failing plugin is logged and counted by the runner and does not stop the
+others. ``gone`` is relative to the last successful round and is empty at the first one
+(after a restart nothing is known about earlier rounds): plugins must treat ``pods`` as
+the authoritative list and may drop any state for a pod not in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, TypeVar
+
+import grpc
+import grpc.aio
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from runtimeproxy.api.runtime.v1 import api_pb2 as pb
+from runtimeproxy.dispatch.store import (
+    ContainerEntry,
+    RuntimeLoader,
+    SandboxEntry,
+    container_from_list_item,
+    describe_error,
+    sandbox_from_list_item,
+)
+from runtimeproxy.metrics import DURATION_BUCKETS
+
+from .policy import Policy
+from .sdk import ContainerInfo, PluginFailure, PluginRunner, PodInfo, resources_from_proto
+
+__all__ = [
+    "DEFAULT_RUNTIME_ENDPOINT",
+    "LivePods",
+    "PodLister",
+    "ReconcileMetrics",
+    "Reconciler",
+    "RoundResult",
+    "container_info",
+    "list_live_pods",
+    "pod_info",
+]
+
+log = structlog.get_logger("runtimeproxy.hooks.reconciler")
+
+DEFAULT_RUNTIME_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
+
+# Containers that have a cgroup: created (runc made it) or running. Exited ones are left alone.
+_LIVE_CONTAINER_STATES: Final = frozenset({pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING})
+# Status errors meaning "the runtime is not answering": the round fails rather than settling for list data.
+_DOWN: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+_T = TypeVar("_T")
+
+
+# --- the live pods --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LivePods:
+    """The pods a round works on, and their containers by the pod's sandbox id."""
+
+    pods: tuple[PodInfo, ...] = ()
+    containers: Mapping[str, tuple[ContainerInfo, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def container_count(self) -> int:
+        return sum(len(items) for items in self.containers.values())
+
+
+#: Anything that gives the live pods: list_live_pods over a RuntimeLoader, or a fake in tests.
+PodLister = Callable[[], Awaitable[LivePods]]
+
+
+def pod_info(entry: SandboxEntry) -> PodInfo:
+    """A rebuilt sandbox as the PodInfo its hook calls carry (``sandbox_id`` set)."""
+    return PodInfo(
+        name=entry.name,
+        namespace=entry.namespace,
+        uid=entry.uid,
+        attempt=entry.attempt,
+        sandbox_id=entry.id,
+        labels=MappingProxyType(dict(entry.labels)),
+        annotations=MappingProxyType(dict(entry.annotations)),
+        cgroup_parent=entry.cgroup_parent,
+        runtime_handler=entry.runtime_handler,
+        resources=resources_from_proto(entry.resources) if entry.resources is not None else None,
+        overhead=resources_from_proto(entry.overhead) if entry.overhead is not None else None,
+    )
+
+
+def container_info(entry: ContainerEntry) -> ContainerInfo:
+    """A rebuilt container as the ContainerInfo its hook calls carry (current resources)."""
+    return ContainerInfo(
+        name=entry.name,
+        id=entry.id,
+        attempt=entry.attempt,
+        annotations=MappingProxyType(dict(entry.annotations)),
+        resources=resources_from_proto(entry.resources) if entry.resources is not None else None,
+        env=tuple((key, value.decode("utf-8", "surrogateescape")) for key, value in entry.envs),
+    )
+
+
+async def list_live_pods(loader: RuntimeLoader) -> LivePods:
+    """The runtime's READY sandboxes and their CREATED or RUNNING containers.
+
+    Each object is rebuilt by ``loader`` from its verbose status (its create-time config,
+    current resources laid over); one the runtime cannot describe is taken from its list
+    item (partial), one removed meanwhile is skipped. Raises grpc.aio.AioRpcError when the
+    runtime cannot be listed or stops answering.
+    """
+    ready = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=pb.SANDBOX_READY)))
+    listed_sandboxes = (await loader.stub.ListPodSandbox(ready, timeout=loader.timeout)).items
+    listed_containers = (
+        await loader.stub.ListContainers(pb.ListContainersRequest(), timeout=loader.timeout)
+    ).containers
+    sandboxes = [item for item in listed_sandboxes if item.state == pb.SANDBOX_READY]  # a runtime may ignore filters
+    ready_ids = {item.id for item in sandboxes}
+    containers = [
+        item for item in listed_containers if item.state in _LIVE_CONTAINER_STATES and item.pod_sandbox_id in ready_ids
+    ]
+    gate = asyncio.Semaphore(max(1, loader.concurrency))
+    sandbox_entries = await asyncio.gather(*(_bounded(gate, _load_sandbox(loader, item)) for item in sandboxes))
+    container_entries = await asyncio.gather(*(_bounded(gate, _load_container(loader, item)) for item in containers))
+    pods = tuple(pod_info(entry) for entry in sandbox_entries if entry is not None)
+    known = {pod.sandbox_id for pod in pods}
+    by_sandbox: dict[str, list[ContainerInfo]] = {}
+    for c_entry in container_entries:
+        if c_entry is not None and c_entry.sandbox_id in known:
+            by_sandbox.setdefault(c_entry.sandbox_id, []).append(container_info(c_entry))
+    return LivePods(
+        pods=pods,
+        containers=MappingProxyType({sandbox: tuple(items) for sandbox, items in by_sandbox.items()}),
+    )
+
+
+async def _bounded(gate: asyncio.Semaphore, work: Awaitable[_T]) -> _T:
+    async with gate:
+        return await work
+
+
+async def _load_sandbox(loader: RuntimeLoader, item: pb.PodSandbox) -> SandboxEntry | None:
+    try:
+        return await loader.load_sandbox(item.id)  # None: removed since it was listed
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in _DOWN:
+            raise
+        log.warning("sandbox status failed; using list data only", id=item.id, error=describe_error(exc))
+        return sandbox_from_list_item(item)
+
+
+async def _load_container(loader: RuntimeLoader, item: pb.Container) -> ContainerEntry | None:
+    try:
+        entry = await loader.load_container(item.id)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in _DOWN:
+            raise
+        log.warning("container status failed; using list data only", id=item.id, error=describe_error(exc))
+        return container_from_list_item(item)
+    if entry is not None and not entry.sandbox_id:
+        entry.sandbox_id = item.pod_sandbox_id
+    return entry
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+
+class ReconcileMetrics:
+    """Drift repaired per plugin, round durations and outcomes, and the pods of the last round."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = CollectorRegistry(auto_describe=True) if registry is None else registry
+        self.registry = reg
+        self.drift = Counter(
+            "runtimehooks_reconcile_drift",
+            "Values a plugin's reconcile found drifted from what it owns and set back, by plugin.",
+            ["plugin"],
+            registry=reg,
+        )
+        self.duration = Histogram(
+            "runtimehooks_reconcile_duration_seconds",
+            "Time one reconcile round took: listing the runtime's pods and running every plugin's reconcile.",
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.rounds = Counter(
+            "runtimehooks_reconcile_rounds",
+            "Reconcile rounds by result: ok, plugin_failures (some plugin's reconcile failed), "
+            "runtime_error (the runtime could not be listed; retried at the next interval).",
+            ["result"],
+            registry=reg,
+        )
+        self.pods = Gauge(
+            "runtimehooks_reconcile_pods",
+            "Live pods the last successful reconcile round worked on.",
+            registry=reg,
+        )
+
+
+# --- the loop --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """One round: whether the runtime was listed (``ok``), what was seen, repaired and failed."""
+
+    ok: bool
+    pods: int = 0
+    containers: int = 0
+    gone: int = 0
+    repaired: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    failures: tuple[PluginFailure, ...] = ()
+    error: str = ""
+    seconds: float = 0.0
+
+
+def _policy_interval(runner: PluginRunner) -> Callable[[], float]:
+    return lambda: runner.context.policy().reconciler.interval_seconds
+
+
+class Reconciler:
+    """Runs ``runner``'s reconcile handlers on the live pods every interval; see the module doc.
+
+    ``source``: a RuntimeLoader (its pods come from :func:`list_live_pods`; closed by
+    :meth:`stop` when ``close_source`` is true) or any :data:`PodLister`. ``interval``: the
+    seconds between the starts of two rounds, asked before every wait (default: the policy
+    in force, ``reconciler.interval_seconds``); call :meth:`poke` when it may have changed
+    (e.g. from PolicyWatcher's on_change) so a long wait is cut short.
+    """
+
+    def __init__(
+        self,
+        runner: PluginRunner,
+        source: RuntimeLoader | PodLister,
+        *,
+        interval: Callable[[], float] | None = None,
+        registry: CollectorRegistry | None = None,
+        metrics: ReconcileMetrics | None = None,
+        close_source: bool = False,
+    ) -> None:
+        self.runner = runner
+        self.interval = interval if interval is not None else _policy_interval(runner)
+        self.metrics = metrics if metrics is not None else ReconcileMetrics(registry)
+        self._loader = source if isinstance(source, RuntimeLoader) else None
+        self._close_loader = close_source and self._loader is not None
+        self._list: PodLister = self._list_runtime if isinstance(source, RuntimeLoader) else source
+        self._previous: LivePods | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.rounds = 0
+        self.runtime_failures = 0
+        self.last: RoundResult | None = None
+        for plugin in self.reconciling:  # every series exists from the start, at 0
+            self.metrics.drift.labels(plugin=plugin)
+
+    @classmethod
+    def for_endpoint(
+        cls, runner: PluginRunner, endpoint: str = DEFAULT_RUNTIME_ENDPOINT, *, timeout: float = 10.0, **options: Any
+    ) -> Reconciler:
+        """A reconciler reading the CRI runtime at ``endpoint`` (its channel closed by stop())."""
+        return cls(runner, RuntimeLoader(endpoint, timeout=timeout), close_source=True, **options)
+
+    @property
+    def reconciling(self) -> list[str]:
+        """The enabled plugins that have a reconcile handler."""
+        return [plugin.name for plugin in self.runner.plugins if plugin.reconcile_handler is not None]
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _list_runtime(self) -> LivePods:
+        assert self._loader is not None
+        return await list_live_pods(self._loader)
+
+    # -- one round --
+
+    async def run_once(self) -> RoundResult:
+        """List the live pods and run the plugins' reconcile handlers once; never raises for
+        a runtime or plugin failure (the result says what happened)."""
+        started = time.perf_counter()
+        self.rounds += 1
+        try:
+            live = await self._list()
+        except Exception as exc:
+            self.runtime_failures += 1
+            result = RoundResult(ok=False, error=describe_error(exc), seconds=time.perf_counter() - started)
+            self.metrics.rounds.labels(result="runtime_error").inc()
+            self.metrics.duration.observe(result.seconds)
+            log.warning(
+                "cannot list the runtime's pods; reconciling again at the next interval",
+                error=result.error,
+                failures_in_a_row=self.runtime_failures,
+                retry_in_s=self._interval(),
+            )
+            self.last = result
+            return result
+        self.runtime_failures = 0
+        gone, gone_containers = self._gone(live)
+        report = await self.runner.reconcile_report(
+            pods=live.pods, containers=live.containers, gone=gone, gone_containers=gone_containers
+        )
+        self._previous = live
+        for plugin, count in report.repaired.items():
+            if count:
+                self.metrics.drift.labels(plugin=plugin).inc(count)
+        result = RoundResult(
+            ok=True,
+            pods=len(live.pods),
+            containers=live.container_count(),
+            gone=len(gone),
+            repaired=MappingProxyType(dict(report.repaired)),
+            failures=tuple(report.failures),
+            seconds=time.perf_counter() - started,
+        )
+        self.metrics.rounds.labels(result="plugin_failures" if report.failures else "ok").inc()
+        self.metrics.duration.observe(result.seconds)
+        self.metrics.pods.set(result.pods)
+        fields = {
+            "pods": result.pods,
+            "containers": result.containers,
+            "gone": result.gone,
+            "repaired": {name: count for name, count in result.repaired.items() if count},
+            "failed": [failure.plugin for failure in result.failures],
+            "seconds": round(result.seconds, 3),
+        }
+        if fields["repaired"] or fields["failed"] or gone:
+            log.info("reconciled", **fields)
+        else:
+            log.debug("reconciled", **fields)
+        self.last = result
+        return result
+
+    def _gone(self, live: LivePods) -> tuple[list[PodInfo], dict[str, tuple[ContainerInfo, ...]]]:
+        previous = self._previous
+        if previous is None:
+            return [], {}
+        live_pods = {pod.sandbox_id for pod in live.pods}
+        gone = [pod for pod in previous.pods if pod.sandbox_id not in live_pods]
+        gone_containers: dict[str, tuple[ContainerInfo, ...]] = {}
+        for sandbox_id, containers in previous.containers.items():
+            still = {container.id for container in live.containers.get(sandbox_id, ())}
+            left = tuple(container for container in containers if container.id not in still)
+            if left:
+                gone_containers[sandbox_id] = left
+        return gone, gone_containers
+
+    # -- the loop --
+
+    def _interval(self) -> float:
+        try:
+            return max(0.01, float(self.interval()))
+        except Exception:  # a broken interval source must not stop reconciling
+            log.exception("cannot read the reconcile interval; using 10 s")
+            return 10.0
+
+    def start(self) -> None:
+        """Start the loop in a background task (first round at once); needs a running loop."""
+        if self.running:
+            return
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="runtime-hooks-reconcile")
+        log.info("reconciler started", plugins=self.reconciling, interval_s=self._interval())
+
+    def poke(self, policy: Policy | None = None) -> None:
+        """Re-read the interval now (a policy reload may have changed it); takes the new policy
+        so that it can be PolicyWatcher's on_change. Call on the event loop."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop the loop (a round in progress is cancelled) and close the runtime channel if owned."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._close_loader and self._loader is not None:
+            await self._loader.close()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            began = loop.time()
+            try:
+                await self.run_once()
+            except Exception:  # a bug in a round must not end reconciling
+                log.exception("reconcile round failed")
+            await self._wait(began, loop)
+
+    async def _wait(self, began: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Until ``began`` + the interval in force, re-reading it whenever poked."""
+        while True:
+            remaining = began + self._interval() - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except TimeoutError:
+                return

@@ -1,0 +1,94 @@
+"""runtime-hooks policy show / check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from runtimeproxy.hooks.cli import cli
+from runtimeproxy.hooks.policy import DEFAULT_POLICY, dump_policy, loads_policy
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    result = CliRunner(env=env).invoke(cli, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_show_prints_the_defaults_without_a_file() -> None:
+    code, out, err = invoke("policy", "show")
+    assert code == 0, err
+    assert out.startswith("# effective runtime-hooks policy: the built-in defaults\n")
+    assert loads_policy(out) == DEFAULT_POLICY
+    assert out.endswith(dump_policy(DEFAULT_POLICY))
+
+
+def test_show_lays_the_file_over_the_defaults(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("resctrl:\n  BE: {l3_percent_range: [0, 20]}\nreconciler: {interval_seconds: 30}\n")
+    code, out, err = invoke("policy", "show", "--policy", str(policy))
+    assert code == 0, err
+    assert f"the defaults with {policy} laid over them" in out.splitlines()[0]
+    shown = loads_policy(out)
+    assert shown.resctrl.BE.l3_percent_range == (0, 20)
+    assert shown.resctrl.BE.mb_percent == DEFAULT_POLICY.resctrl.BE.mb_percent  # kept from the defaults
+    assert shown.reconciler.interval_seconds == 30
+    assert shown.cpu == DEFAULT_POLICY.cpu
+    assert "l3_percent_range: [0, 20]" in out  # every key is printed, flow lists as in the file
+    # The variable the service sets works too.
+    assert invoke("policy", "show", env={"RUNTIME_HOOKS_POLICY": str(policy)})[1] == out
+
+
+def test_show_with_a_missing_file_gives_the_defaults_and_a_warning(tmp_path: Path) -> None:
+    code, out, err = invoke("policy", "show", "--policy", str(tmp_path / "none.yaml"))
+    assert code == 0
+    assert loads_policy(out) == DEFAULT_POLICY
+    assert "does not exist" in err and "does not exist" in out.splitlines()[0]
+
+
+def test_show_refuses_an_invalid_file(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cpu:\n  BE: {cfs_burst_percent: -1}\n")
+    code, out, err = invoke("policy", "show", "--policy", str(policy))
+    assert code == 1 and out == ""
+    assert f"{policy}: cpu.BE.cfs_burst_percent:" in err
+
+
+def test_check_accepts_a_good_file(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("network:\n  interface: eth0\n")
+    assert invoke("policy", "check", str(policy)) == (0, "ok\n", "")
+    # The whole dumped policy is a good file too.
+    policy.write_text(dump_policy(DEFAULT_POLICY))
+    assert invoke("policy", "check", str(policy))[:2] == (0, "ok\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "reason"),
+    [
+        ("cpu:\n  BE: {cfs_burst_percent: -1}\n", "cpu.BE.cfs_burst_percent", ""),
+        ("resctrl:\n  BE: {l3_percent_range: [30, 20]}\n", "resctrl.BE.l3_percent_range", ""),
+        ("cpu:\n  BF: {cpu_idle: true}\n", "cpu.BF", "unknown QoS class 'BF'"),
+        ("gpu: {}\n", "gpu", ""),
+        ("reconciler: {interval_seconds: 0}\n", "reconciler.interval_seconds", ""),
+        ("cpu: [\n", "", "not valid YAML"),
+    ],
+)
+def test_check_names_file_path_and_reason(tmp_path: Path, text: str, path: str, reason: str) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(text)
+    code, out, err = invoke("policy", "check", str(policy))
+    assert code == 1 and out == ""
+    assert err.startswith(f"runtime-hooks: {policy}: {path + ': ' if path else ''}"), err
+    assert reason in err
+    assert len(err.splitlines()) == 1
+
+
+def test_check_of_a_missing_file(tmp_path: Path) -> None:
+    code, _, err = invoke("policy", "check", str(tmp_path / "none.yaml"))
+    assert code == 1 and "cannot read the file" in err
+
+
+def test_check_needs_a_file() -> None:
+    code, _, err = invoke("policy", "check")
+    assert code == 2 and "Missing argument 'FILE'" in err

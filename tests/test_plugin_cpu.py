@@ -1,0 +1,612 @@
+"""The cpu plugin (hooks/plugins/cpu.py) on fake cgroup v1 and v2 trees, cgroupfs and systemd
+drivers, run through PluginRunner as the hook server runs it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks.cgroups import MAX_SHARES, MIN_SHARES, CgroupFS, CgroupPathError, CgroupVersion
+from runtimeproxy.hooks.plugins import cpu
+from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy, loads_policy
+from runtimeproxy.hooks.qos import QoSClass
+from runtimeproxy.hooks.sdk import (
+    ContainerInfo,
+    HookPoint,
+    PluginRunner,
+    PodInfo,
+    ResourceChanges,
+    Resources,
+    ServerContext,
+)
+from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+
+RUN = HookPoint.PRE_RUN_POD_SANDBOX
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+UPDATE = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
+STARTED = HookPoint.POST_START_CONTAINER
+QOS_LABEL = "koordinator.sh/qosClass"
+
+
+class RecordingFS(CgroupFS):
+    """A CgroupFS that records every file it writes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.writes: list[str] = []
+
+    def write(
+        self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None
+    ) -> None:
+        self.writes.append(file)
+        super().write(controller, file, value, parent, container_id)
+
+
+@pytest.fixture(
+    params=[(v, d) for v in (1, 2) for d in ("cgroupfs", "systemd")],
+    ids=lambda p: f"v{p[0]}-{p[1]}",
+)
+def tree(request: pytest.FixtureRequest, tmp_path: Path) -> FakeCgroup:
+    version, driver = request.param
+    make = make_fake_cgroup_v1 if version == 1 else make_fake_cgroup_v2
+    return make(tmp_path / "cgroup", driver=driver, anolis=True)
+
+
+@pytest.fixture
+def fs(tree: FakeCgroup) -> RecordingFS:
+    return RecordingFS(tree.root, tree.driver)
+
+
+@pytest.fixture
+def runners() -> Iterator[list[PluginRunner]]:
+    made: list[PluginRunner] = []
+    yield made
+    for runner in made:
+        runner.close()
+
+
+@pytest.fixture
+def make_runner(runners: list[PluginRunner], request: pytest.FixtureRequest) -> Any:
+    """make(policy_yaml="", cgroups=None): a runner of the cpu plugin (cgroups: the ``fs`` fixture)."""
+
+    def make(policy: str = "", cgroups: CgroupFS | None = None) -> PluginRunner:
+        current: Policy = loads_policy(policy) if policy else DEFAULT_POLICY
+        fs = cgroups if cgroups is not None else request.getfixturevalue("fs")
+        context = ServerContext(cgroups=fs, policy=lambda: current)
+        runner = PluginRunner([cpu.plugin], context=context, registry=CollectorRegistry())
+        runners.append(runner)
+        return runner
+
+    return make
+
+
+def batch_spec(**containers: dict[str, Any]) -> str:
+    return json.dumps({"containers": containers})
+
+
+def make_pod(
+    parent: str,
+    *,
+    qos: str | None = None,
+    uid: str = "u1",
+    annotations: dict[str, str] | None = None,
+    resources: Resources | None = None,
+) -> PodInfo:
+    return PodInfo(
+        name=f"pod-{uid}",
+        namespace="default",
+        uid=uid,
+        labels=MappingProxyType({QOS_LABEL: qos} if qos else {}),
+        annotations=MappingProxyType(annotations or {}),
+        cgroup_parent=parent,
+        resources=resources,
+    )
+
+
+def burst_file(tree: FakeCgroup) -> str:
+    return "cpu.cfs_burst_us" if tree.version is CgroupVersion.V1 else "cpu.max.burst"
+
+
+def shares_file(tree: FakeCgroup) -> str:
+    return "cpu.shares" if tree.version is CgroupVersion.V1 else "cpu.weight"
+
+
+def remove(tree: FakeCgroup, parent: str, file: str, container_id: str | None = None) -> None:
+    (tree.dir(parent, container_id) / file).unlink()
+
+
+# --- pod level ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("percent", "burst"), [(None, 200000), (50, 100000), (0, 0)])
+async def test_ls_pod_gets_a_burst_and_keeps_kubelets_quota_and_shares(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any, percent: int | None, burst: int
+) -> None:
+    parent = tree.add_pod("1234-5678", "burstable")
+    fs.set_cpu_quota(parent, 200000)  # what kubelet wrote
+    fs.set_cpu_shares(parent, 512)
+    shares_before = tree.read(parent, shares_file(tree))
+    fs.writes.clear()
+    pod = make_pod(parent, uid="1234-5678", resources=Resources(cpu_quota=200000, cpu_period=100000, cpu_shares=512))
+    runner = make_runner(f"cpu: {{LS: {{cfs_burst_percent: {percent}}}}}" if percent is not None else "")
+
+    result = await runner.run(RUN, pod=pod)
+
+    assert result.failures == [] and result.applied == ["cpu"]
+    assert result.response.is_empty()  # pod level goes to the cgroup, not the sandbox request
+    # The default 1000 % is capped at the quota: the kernel refuses a burst above it.
+    assert int(tree.read(parent, burst_file(tree))) == burst
+    assert fs.cpu_quota(parent) == (200000, 100000)
+    assert tree.read(parent, shares_file(tree)) == shares_before
+    assert tree.read(parent, "cpu.bvt_warp_ns") == "2"  # LS group identity
+    assert tree.read(parent, "cpu.idle") == "0"
+    assert not {"cpu.shares", "cpu.weight", "cpu.max", "cpu.cfs_quota_us", "cpu.cfs_period_us"} & set(fs.writes)
+
+
+async def test_files_the_kernel_lacks_are_skipped(tmp_path: Path, make_runner: Any) -> None:
+    for version, make in ((1, make_fake_cgroup_v1), (2, make_fake_cgroup_v2)):
+        tree = make(tmp_path / f"v{version}", anolis=False)  # no cpu.bvt_warp_ns
+        parent = tree.add_pod("u1", "burstable")
+        fs = tree.fs()
+        fs.set_cpu_quota(parent, 100000)
+        for file in ("cpu.cfs_burst_us" if version == 1 else "cpu.max.burst", "cpu.idle"):
+            remove(tree, parent, file)
+        runner = make_runner("cpu: {LS: {cpu_idle: true}}", cgroups=fs)
+        result = await runner.run(RUN, pod=make_pod(parent, resources=Resources(cpu_quota=100000)))
+        assert result.failures == []
+        assert fs.cpu_quota(parent) == (100000, 100000)
+        assert not (tree.dir(parent) / "cpu.bvt_warp_ns").exists()
+
+
+async def test_be_pod_quota_comes_from_its_batch_cpu_limits(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any
+) -> None:
+    parent = tree.add_pod("be-1", "besteffort")
+    fs.set_cpu_shares(parent, 2)  # kubelet's BestEffort shares
+    shares_before = tree.read(parent, shares_file(tree))
+    spec = batch_spec(
+        main={"requests": {cpu.BATCH_CPU: "1k"}, "limits": {cpu.BATCH_CPU: "2k"}},
+        side={"requests": {cpu.BATCH_CPU: "250"}, "limits": {cpu.BATCH_CPU: 500}},
+    )
+    pod = make_pod(parent, qos="BE", uid="be-1", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+
+    result = await make_runner().run(RUN, pod=pod)
+
+    assert result.failures == []
+    assert fs.cpu_quota(parent) == (2500 * 100, 100000)  # 2.5 cores
+    assert tree.read(parent, shares_file(tree)) == shares_before  # kubelet's
+    assert tree.read(parent, "cpu.idle") == "0"  # off by default
+    assert tree.read(parent, "cpu.bvt_warp_ns") == "-1"
+    assert int(tree.read(parent, burst_file(tree))) == 0  # BE: burst off
+
+
+async def test_be_cpu_idle_only_when_the_policy_enables_it(tree: FakeCgroup, fs: RecordingFS, make_runner: Any) -> None:
+    parent = tree.add_pod("be-2", "besteffort")
+    pod = make_pod(parent, qos="BE", uid="be-2")
+    await make_runner().run(RUN, pod=pod)
+    assert tree.read(parent, "cpu.idle") == "0"
+    result = await make_runner("cpu: {BE: {cpu_idle: true}}").run(RUN, pod=pod)
+    assert result.failures == []
+    assert tree.read(parent, "cpu.idle") == "1"
+    assert fs.cpu_quota(parent)[0] == -1  # no batch annotation: quota left alone
+
+
+async def test_a_be_pod_with_a_container_without_batch_limit_is_unlimited(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any
+) -> None:
+    parent = tree.add_pod("be-3", "besteffort")
+    fs.set_cpu_quota(parent, 300000)
+    spec = batch_spec(a={"limits": {cpu.BATCH_CPU: "1000"}}, b={"requests": {cpu.BATCH_CPU: "1000"}})
+    pod = make_pod(parent, qos="BE", uid="be-3", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    await make_runner().run(RUN, pod=pod)
+    assert fs.cpu_quota(parent)[0] == -1
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    ["{not json", "[]", '{"containers": []}', json.dumps({"containers": {"a": {"limits": {cpu.BATCH_CPU: "lots"}}}})],
+)
+async def test_a_malformed_batch_annotation_leaves_the_quota_alone(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any, annotation: str
+) -> None:
+    parent = tree.add_pod("be-4", "besteffort")
+    fs.set_cpu_quota(parent, 300000)
+    pod = make_pod(parent, qos="BE", uid="be-4", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: annotation})
+    result = await make_runner().run(RUN, pod=pod)
+    assert result.failures == []
+    assert fs.cpu_quota(parent) == (300000, 100000)
+
+
+async def test_be_quota_source_kubelet_keeps_kubelets_pod_quota(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any
+) -> None:
+    parent = tree.add_pod("be-5", "besteffort")
+    spec = batch_spec(a={"limits": {cpu.BATCH_CPU: "1000"}})
+    pod = make_pod(parent, qos="BE", uid="be-5", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    await make_runner("cpu: {be_quota_source: kubelet}").run(RUN, pod=pod)
+    assert fs.cpu_quota(parent)[0] == -1
+
+
+PINNED = {"scheduling.koordinator.sh/resource-status": '{"cpuset": "0-1"}'}
+
+
+async def test_pinned_lsr_pod_runs_without_a_cfs_quota(tree: FakeCgroup, fs: RecordingFS, make_runner: Any) -> None:
+    parent = tree.add_pod("lsr-1", "guaranteed")
+    fs.set_cpu_quota(parent, 400000)  # kubelet's Guaranteed pod quota
+    pod = make_pod(
+        parent, qos="LSR", uid="lsr-1", annotations=PINNED, resources=Resources(cpu_quota=400000, cpu_period=100000)
+    )
+    result = await make_runner().run(RUN, pod=pod)
+    assert result.failures == []
+    assert fs.cpu_quota(parent)[0] == -1
+    assert int(tree.read(parent, burst_file(tree))) == 0
+    assert tree.read(parent, "cpu.bvt_warp_ns") == "2"
+
+
+async def test_unpinned_lsr_pod_keeps_kubelets_quota(tree: FakeCgroup, fs: RecordingFS, make_runner: Any) -> None:
+    # Without CPUs of its own, lifting the quota would let it run unbounded on the shared pool.
+    parent = tree.add_pod("lsr-3", "guaranteed")
+    fs.set_cpu_quota(parent, 400000)
+    pod = make_pod(parent, qos="LSR", uid="lsr-3", resources=Resources(cpu_quota=400000, cpu_period=100000))
+    result = await make_runner().run(RUN, pod=pod)
+    assert result.failures == []
+    assert fs.cpu_quota(parent)[0] == 400000
+
+
+async def test_a_missing_pod_cgroup_is_created_like_kubelet_would(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any
+) -> None:
+    parent = tree.pod_parent("new-1", "burstable")
+    assert not tree.dir(parent).exists()
+    result = await make_runner().run(RUN, pod=make_pod(parent, uid="new-1"))
+    assert result.failures == []
+    directory = tree.dir(parent)
+    assert directory.is_dir()
+    assert directory.resolve().is_relative_to(tree.root.resolve())
+    # Only the hierarchy this plugin writes to (v1: cpu,cpuacct through the cpu link).
+    if tree.version is CgroupVersion.V1:
+        assert not (tree.root / "memory").joinpath(*directory.relative_to(tree.root / "cpu").parts).exists()
+
+
+async def test_a_pod_cgroup_outside_the_root_is_never_created(
+    tree: FakeCgroup, tmp_path: Path, make_runner: Any
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    base = tree.dir(tree.pod_parent("x", "burstable")).parent  # kubepods/burstable
+    (base / "escape").symlink_to(outside)
+    for parent in ("/kubepods/../../etc", f"/{base.relative_to(tree.dir('')).as_posix()}/escape/podz"):
+        result = await make_runner().run(RUN, pod=make_pod(parent, uid="z"))
+        assert [f.outcome for f in result.failures] == ["error"]
+        assert "CgroupPathError" in result.failures[0].reason
+    assert list(outside.iterdir()) == []
+
+
+class KernelLikeFS(RecordingFS):
+    """Refuses, as tg_set_cfs_bandwidth does, any write that leaves the burst above a set quota."""
+
+    def write(
+        self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None
+    ) -> None:
+        burst_name, quota_name = self.file_name("cpu.burst"), self.file_name("cpu.quota")
+        if file in (burst_name, quota_name):
+            quota = self.cpu_quota(parent, container_id)[0]
+            burst = int(self.read("cpu", burst_name, parent, container_id))
+            if file == burst_name:
+                burst = int(value)
+            elif self.version is CgroupVersion.V2:
+                text = str(value).split()[0]
+                quota = -1 if text == "max" else int(text)
+            else:
+                quota = int(value)
+            if quota > 0 and burst > quota:
+                raise OSError(22, f"burst {burst} above quota {quota}")
+        super().write(controller, file, value, parent, container_id)
+
+
+@pytest.mark.parametrize(("quota_before", "burst_before"), [(400000, 400000), (100000, 0)])
+async def test_burst_and_quota_are_written_in_an_order_the_kernel_accepts(
+    tree: FakeCgroup, make_runner: Any, quota_before: int, burst_before: int
+) -> None:
+    fs = KernelLikeFS(tree.root, tree.driver)
+    parent = tree.add_pod("be-10", "besteffort")
+    fs.set_cpu_quota(parent, quota_before)
+    fs.set_cpu_burst(parent, burst_before)
+    spec = batch_spec(main={"limits": {cpu.BATCH_CPU: "3000" if burst_before == 0 else "1500"}})
+    pod = make_pod(parent, qos="BE", uid="be-10", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    quota = 300000 if burst_before == 0 else 150000
+    result = await make_runner("cpu: {BE: {cfs_burst_percent: 100}}", cgroups=fs).run(RUN, pod=pod)
+    assert result.failures == []
+    assert fs.cpu_quota(parent)[0] == quota  # raised (burst after) or lowered (burst first)
+    assert int(tree.read(parent, burst_file(tree))) == quota
+
+
+# --- container level ------------------------------------------------------------------------------
+
+
+async def test_be_container_gets_quota_and_shares_from_batch_cpu(tree: FakeCgroup, make_runner: Any) -> None:
+    parent = tree.add_pod("be-6", "besteffort")
+    spec = batch_spec(main={"requests": {cpu.BATCH_CPU: "1500"}, "limits": {cpu.BATCH_CPU: "2k"}})
+    pod = make_pod(parent, qos="BE", uid="be-6", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    runner = make_runner()
+    for point in (CREATE, UPDATE):
+        result = await runner.run(point, pod=pod, container=ContainerInfo(name="main", resources=Resources()))
+        resources = result.response.resources
+        assert (resources.cpu_quota, resources.cpu_period, resources.cpu_shares) == (200000, 100000, 1536)
+    other = await runner.run(CREATE, pod=pod, container=ContainerInfo(name="other"))
+    assert other.response.is_empty()  # not in the annotation: kubelet's values stay
+    only_shares = await make_runner("cpu: {be_quota_source: kubelet}").run(
+        CREATE, pod=pod, container=ContainerInfo(name="main")
+    )
+    assert (only_shares.response.resources.cpu_quota, only_shares.response.resources.cpu_shares) == (0, 1536)
+
+
+async def test_be_container_without_batch_limit_or_request(tree: FakeCgroup, make_runner: Any) -> None:
+    parent = tree.add_pod("be-7", "besteffort")
+    spec = batch_spec(main={})
+    pod = make_pod(parent, qos="BE", uid="be-7", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    result = await make_runner().run(CREATE, pod=pod, container=ContainerInfo(name="main"))
+    resources = result.response.resources
+    assert (resources.cpu_quota, resources.cpu_period, resources.cpu_shares) == (-1, 0, MIN_SHARES)
+
+
+@pytest.mark.parametrize("qos", ["LSE", "LSR"])
+async def test_pinned_class_containers_get_no_quota(tree: FakeCgroup, make_runner: Any, qos: str) -> None:
+    parent = tree.add_pod("lsr-2", "guaranteed")
+    pod = make_pod(parent, qos=qos, uid="lsr-2", annotations=PINNED)
+    container = ContainerInfo(name="app", resources=Resources(cpu_quota=200000, cpu_period=100000, cpu_shares=2048))
+    for point in (CREATE, UPDATE):
+        result = await make_runner().run(point, pod=pod, container=container)
+        assert result.response.resources.cpu_quota == -1
+        assert result.response.resources.cpu_shares == 0  # kubelet's shares stay
+
+
+async def test_ls_container_gets_no_resource_changes(tree: FakeCgroup, make_runner: Any) -> None:
+    parent = tree.add_pod("ls-1", "burstable")
+    container = ContainerInfo(name="app", resources=Resources(cpu_quota=50000, cpu_period=100000))
+    result = await make_runner().run(CREATE, pod=make_pod(parent, uid="ls-1"), container=container)
+    assert result.response.is_empty()
+
+
+@pytest.mark.parametrize(("percent", "burst"), [(None, 50000), (40, 20000)])
+async def test_ls_container_burst_is_written_after_start(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any, percent: int | None, burst: int
+) -> None:
+    parent = tree.add_pod("ls-2", "burstable")
+    tree.add_container(parent, "c1")
+    fs.set_cpu_quota(parent, 50000, container_id="c1")  # what the runtime wrote
+    runner = make_runner(f"cpu: {{LS: {{cfs_burst_percent: {percent}}}}}" if percent is not None else "")
+    result = await runner.run(STARTED, pod=make_pod(parent, uid="ls-2"), container=ContainerInfo(name="app", id="c1"))
+    assert result.failures == []
+    assert int(tree.read(parent, burst_file(tree), container_id="c1")) == burst
+    fs.writes.clear()
+    await runner.run(STARTED, pod=make_pod(parent, uid="ls-2"), container=ContainerInfo(name="app", id="c1"))
+    assert fs.writes == []  # already right: nothing written
+
+
+async def test_container_burst_is_skipped_where_the_file_is_missing(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any
+) -> None:
+    parent = tree.add_pod("ls-3", "burstable")
+    tree.add_container(parent, "c1")
+    fs.set_cpu_quota(parent, 50000, container_id="c1")
+    remove(tree, parent, burst_file(tree), container_id="c1")
+    fs.writes.clear()
+    result = await make_runner().run(
+        STARTED, pod=make_pod(parent, uid="ls-3"), container=ContainerInfo(name="app", id="c1")
+    )
+    assert result.failures == [] and fs.writes == []
+
+
+async def test_an_update_lowers_the_burst_before_the_quota_shrinks(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any
+) -> None:
+    parent = tree.add_pod("ls-4", "burstable")
+    tree.add_container(parent, "c1")
+    fs.set_cpu_quota(parent, 100000, container_id="c1")
+    fs.set_cpu_burst(parent, 100000, container_id="c1")
+    pod = make_pod(parent, uid="ls-4")
+    smaller = ContainerInfo(name="app", id="c1", resources=Resources(cpu_quota=30000, cpu_period=100000))
+    await make_runner().run(UPDATE, pod=pod, container=smaller)
+    assert int(tree.read(parent, burst_file(tree), container_id="c1")) == 30000
+    larger = ContainerInfo(name="app", id="c1", resources=Resources(cpu_quota=300000, cpu_period=100000))
+    await make_runner().run(UPDATE, pod=pod, container=larger)  # raising waits for the Post hook
+    assert int(tree.read(parent, burst_file(tree), container_id="c1")) == 30000
+
+
+# --- reconcile ------------------------------------------------------------------------------------
+
+
+async def test_reconcile_repairs_drift_counts_it_and_leaves_settled_pods_alone(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any
+) -> None:
+    be_parent = tree.add_pod("be-8", "besteffort")
+    spec = batch_spec(main={"limits": {cpu.BATCH_CPU: "1500"}})
+    be = make_pod(be_parent, qos="BE", uid="be-8", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    ls_parent = tree.add_pod("ls-5", "burstable")
+    fs.set_cpu_quota(ls_parent, 100000)
+    ls = make_pod(ls_parent, uid="ls-5", resources=Resources(cpu_quota=100000, cpu_period=100000))
+    gone = make_pod(tree.pod_parent("gone", "burstable"), uid="gone")
+    runner = make_runner()
+    await runner.run(RUN, pod=be)
+    await runner.run(RUN, pod=ls)
+    assert fs.cpu_quota(be_parent) == (150000, 100000)
+
+    fs.writes.clear()
+    before = cpu.drift_repaired_total()
+    assert await runner.reconcile(pods=[be, ls, gone]) == []
+    assert fs.writes == [] and cpu.drift_repaired_total() == before  # in sync: reads only
+
+    fs.set_cpu_quota(be_parent, 400000)  # someone overwrote the BE quota
+    fs.set_group_identity(ls_parent, 0)  # and the LS group identity
+    fs.set_cpu_burst(ls_parent, 0)
+    fs.writes.clear()
+    assert await runner.reconcile(pods=[be, ls, gone]) == []
+    assert fs.cpu_quota(be_parent) == (150000, 100000)
+    assert tree.read(ls_parent, "cpu.bvt_warp_ns") == "2"
+    assert int(tree.read(ls_parent, burst_file(tree))) == 100000
+    assert cpu.drift_repaired_total() == before + 3
+    assert not tree.dir(gone.cgroup_parent).exists()  # reconcile never creates cgroups
+
+    fs.writes.clear()
+    log = _NullLog()
+    assert cpu.reconcile_pods(fs, [be, ls, gone], _policy_for, DEFAULT_POLICY.cpu, log) == 0
+    assert fs.writes == []
+
+
+class _NullLog:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def _policy_for(qos: QoSClass) -> Any:
+    return getattr(DEFAULT_POLICY.cpu, QoSClass(qos).value)
+
+
+async def test_reconcile_follows_a_policy_change(tree: FakeCgroup, fs: RecordingFS, make_runner: Any) -> None:
+    parent = tree.add_pod("be-9", "besteffort")
+    pod = make_pod(parent, qos="BE", uid="be-9")
+    await make_runner().run(RUN, pod=pod)
+    assert tree.read(parent, "cpu.idle") == "0"
+    await make_runner("cpu: {BE: {cpu_idle: true}}").reconcile(pods=[pod])
+    assert tree.read(parent, "cpu.idle") == "1"
+
+
+# --- plans: pure, for explain -----------------------------------------------------------------------
+
+
+def test_plans_compute_without_touching_the_node() -> None:
+    spec = batch_spec(main={"requests": {cpu.BATCH_CPU: "500"}, "limits": {cpu.BATCH_CPU: "1"}})
+    pod = make_pod("/kubepods/besteffort/podq", qos="BE", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    plan = cpu.plan_pod(pod, QoSClass.BE, DEFAULT_POLICY.cpu.BE, DEFAULT_POLICY.cpu)
+    assert (plan.cfs_quota, plan.cfs_period, plan.cfs_burst, plan.cpu_idle, plan.group_identity) == (
+        1000,  # 1 milli-core is 100 µs: raised to the kernel's minimum
+        100000,
+        0,
+        False,
+        -1,
+    )
+    assert plan.files(CgroupVersion.V1) == {
+        "cpu.cfs_period_us": "100000",
+        "cpu.cfs_quota_us": "1000",
+        "cpu.cfs_burst_us": "0",
+        "cpu.idle": "0",
+        "cpu.bvt_warp_ns": "-1",
+    }
+    assert plan.files(CgroupVersion.V2)["cpu.max"] == "1000 100000"
+    assert plan.describe()["notes"]
+    container = cpu.plan_container(
+        pod, ContainerInfo(name="main"), QoSClass.BE, DEFAULT_POLICY.cpu.BE, DEFAULT_POLICY.cpu
+    )
+    assert (container.cpu_quota, container.cpu_period, container.cpu_shares) == (1000, 100000, 512)
+
+    ls = make_pod("/kubepods/burstable/podl")
+    unknown = cpu.plan_pod(ls, QoSClass.LS, DEFAULT_POLICY.cpu.LS, DEFAULT_POLICY.cpu)
+    assert unknown.cfs_quota is None and unknown.cfs_burst is None  # nothing says the quota
+    assert "cpu.max" not in unknown.files(CgroupVersion.V2)
+    pinned = make_pod("/kubepods/podp", annotations=PINNED)
+    lsr = cpu.plan_pod(pinned, QoSClass.LSR, DEFAULT_POLICY.cpu.LSR, DEFAULT_POLICY.cpu)
+    assert lsr.files(CgroupVersion.V2)["cpu.max"] == "max 100000"
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("1500", 1500),
+        (1500, 1500),
+        ("2k", 2000),
+        ("1.5k", 1500),
+        ("500m", 1),
+        ("1e3", 1000),
+        ("1E", 10**18),
+        ("1Ki", 1024),
+        (" 7 ", 7),
+        ("-3", -3),
+        (1.5, 2),
+        ("1e100", (1 << 63) - 1),
+    ],
+)
+def test_quantities_read_like_kubernetes_value(raw: object, value: int) -> None:
+    assert cpu.quantity_value(raw) == value
+
+
+@pytest.mark.parametrize("raw", ["", "k", "1.2.3", "1KB", "0x10", "1e999", True, None, [1], "1 k"])
+def test_bad_quantities_are_refused(raw: object) -> None:
+    with pytest.raises(ValueError, match="quantity"):
+        cpu.quantity_value(raw)
+
+
+def test_batch_spec_parsing() -> None:
+    assert cpu.batch_cpu_spec({}) is None
+    key = cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION
+    assert cpu.batch_cpu_spec({key: "{}"}) == {}
+    assert cpu.batch_cpu_spec({key: batch_spec(a={"limits": None}, b={"requests": {"cpu": "1"}})}) == {
+        "a": cpu.BatchCPU(),
+        "b": cpu.BatchCPU(),
+    }
+    with pytest.raises(ValueError, match=r"containers\[a\]\.limits"):
+        cpu.batch_cpu_spec({key: batch_spec(a={"limits": "1"})})
+
+
+# --- properties of the arithmetic ---------------------------------------------------------------------
+
+
+@given(st.integers(min_value=-(10**6), max_value=10**15), st.integers(min_value=1000, max_value=1_000_000))
+def test_quota_is_unlimited_or_at_least_the_kernel_minimum(milli: int, period: int) -> None:
+    quota = cpu.milli_cpu_to_quota(milli, period)
+    assert quota == -1 or cpu.MIN_CFS_QUOTA_US <= quota <= cpu.MAX_CFS_QUOTA_US
+    assert (quota == -1) == (milli <= 0)
+
+
+@given(st.integers(min_value=-(10**6), max_value=10**15))
+def test_shares_stay_in_the_kernel_range(milli: int) -> None:
+    assert MIN_SHARES <= cpu.milli_cpu_to_shares(milli) <= MAX_SHARES
+
+
+@given(st.integers(min_value=-1, max_value=cpu.MAX_CFS_QUOTA_US), st.integers(min_value=0, max_value=10000))
+def test_burst_is_never_negative_nor_above_the_quota(quota: int, percent: int) -> None:
+    burst = cpu.cfs_burst_us(quota, percent)
+    assert 0 <= burst <= max(quota, 0)
+
+
+@given(
+    limit=st.one_of(st.none(), st.integers(min_value=-5, max_value=10**9)),
+    request=st.one_of(st.none(), st.integers(min_value=-5, max_value=10**9)),
+)
+def test_container_plans_always_pass_the_proxys_checks(limit: int | None, request: int | None) -> None:
+    entry: dict[str, Any] = {}
+    if limit is not None:
+        entry["limits"] = {cpu.BATCH_CPU: str(limit)}
+    if request is not None:
+        entry["requests"] = {cpu.BATCH_CPU: str(request)}
+    pod = make_pod(
+        "/kubepods/besteffort/podh",
+        qos="BE",
+        annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: batch_spec(main=entry)},
+    )
+    plan = cpu.plan_container(pod, ContainerInfo(name="main"), QoSClass.BE, DEFAULT_POLICY.cpu.BE, DEFAULT_POLICY.cpu)
+    changes = ResourceChanges()
+    plan.apply_to(changes)
+    assert changes.problems() == []
+    assert changes.cpu_quota == -1 or changes.cpu_quota >= cpu.MIN_CFS_QUOTA_US
+    assert MIN_SHARES <= changes.cpu_shares <= MAX_SHARES
+
+
+def test_a_bad_parent_is_refused_before_any_directory_is_made(tree: FakeCgroup) -> None:
+    with pytest.raises(CgroupPathError):
+        cpu.ensure_pod_cgroup(tree.fs(), "/kubepods/../x", _NullLog())
+
+
+def test_a_dry_run_never_creates_the_pod_cgroup(tree: FakeCgroup) -> None:
+    parent = tree.pod_parent("dry", "burstable")
+    assert cpu.ensure_pod_cgroup(tree.fs(), parent, _NullLog(), dry_run=True) is False
+    assert not tree.dir(parent).exists()
+    assert cpu.ensure_pod_cgroup(tree.fs(), parent, _NullLog()) is True
+    assert tree.dir(parent).is_dir()

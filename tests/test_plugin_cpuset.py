@@ -1,0 +1,151 @@
+"""The cpuset plugin (hooks/plugins/cpuset.py), alone and with the cpu plugin, on fake cgroup v1
+and v2 trees with both drivers, run through PluginRunner."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks.cgroups import CgroupFS
+from runtimeproxy.hooks.plugins import cpu, cpuset
+from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy, loads_policy
+from runtimeproxy.hooks.qos import QoSClass
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PluginRunner, PodInfo, Resources, ServerContext
+from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from structlog.testing import capture_logs
+
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+UPDATE = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
+RUN = HookPoint.PRE_RUN_POD_SANDBOX
+STATUS = cpuset.RESOURCE_STATUS_ANNOTATION
+APP = ContainerInfo(name="app", resources=Resources(cpu_quota=200000, cpu_period=100000, cpu_shares=2048))
+
+
+@pytest.fixture(
+    params=[(v, d) for v in (1, 2) for d in ("cgroupfs", "systemd")],
+    ids=lambda p: f"v{p[0]}-{p[1]}",
+)
+def tree(request: pytest.FixtureRequest, tmp_path: Path) -> FakeCgroup:
+    version, driver = request.param
+    make = make_fake_cgroup_v1 if version == 1 else make_fake_cgroup_v2
+    return make(tmp_path / "cgroup", driver=driver)  # the node has CPUs 0-3
+
+
+@pytest.fixture
+def make_runner(tree: FakeCgroup) -> Iterator[Any]:
+    made: list[PluginRunner] = []
+
+    def make(*plugins: Plugin, policy: str = "", cgroups: CgroupFS | None = None) -> PluginRunner:
+        current: Policy = loads_policy(policy) if policy else DEFAULT_POLICY
+        context = ServerContext(cgroups=cgroups or tree.fs(), policy=lambda: current)
+        runner = PluginRunner(plugins or [cpuset.plugin], context=context, registry=CollectorRegistry())
+        made.append(runner)
+        return runner
+
+    yield make
+    for runner in made:
+        runner.close()
+
+
+def make_pod(tree: FakeCgroup, qos: str, status: str | None, kube_qos: Any = "guaranteed") -> PodInfo:
+    uid = f"{qos.lower()}-1"
+    return PodInfo(
+        name=f"pod-{uid}",
+        namespace="default",
+        uid=uid,
+        labels=MappingProxyType({"koordinator.sh/qosClass": qos}),
+        annotations=MappingProxyType({STATUS: status} if status is not None else {}),
+        cgroup_parent=tree.add_pod(uid, kube_qos),
+    )
+
+
+@pytest.mark.parametrize("qos", ["LSE", "LSR"])
+async def test_pinned_containers_get_the_scheduler_cpuset(tree: FakeCgroup, make_runner: Any, qos: str) -> None:
+    pod = make_pod(tree, qos, json.dumps({"cpuset": "3,0-1,2", "cpuSharedPools": []}))
+    runner = make_runner()
+    for point in (CREATE, UPDATE):
+        result = await runner.run(point, pod=pod, container=APP)
+        assert result.failures == [] and result.applied == ["cpuset"]
+        assert result.response.resources.cpuset_cpus == "0-3"  # canonical form
+        assert result.response.resources.cpu_quota == 0  # the quota is the cpu plugin's
+
+
+@pytest.mark.parametrize(("qos", "kube_qos"), [("LS", "burstable"), ("BE", "besteffort"), ("SYSTEM", "burstable")])
+async def test_classes_not_pinned_are_left_alone(tree: FakeCgroup, make_runner: Any, qos: str, kube_qos: str) -> None:
+    pod = make_pod(tree, qos, json.dumps({"cpuset": "0-1"}), kube_qos)
+    result = await make_runner().run(CREATE, pod=pod, container=APP)
+    assert result.failures == [] and result.response.is_empty()
+
+
+async def test_the_policy_decides_which_classes_are_pinned(tree: FakeCgroup, make_runner: Any) -> None:
+    runner = make_runner(policy="cpuset: {LSR: {pinned: false}, LS: {pinned: true}}")
+    lsr = await runner.run(CREATE, pod=make_pod(tree, "LSR", json.dumps({"cpuset": "0-1"})), container=APP)
+    assert lsr.response.is_empty()
+    ls = await runner.run(CREATE, pod=make_pod(tree, "LS", json.dumps({"cpuset": "2"}), "burstable"), container=APP)
+    assert ls.response.resources.cpuset_cpus == "2"
+
+
+@pytest.mark.parametrize("status", [None, "{}", '{"cpuset": ""}', "null", '{"cpuset": null}'])
+async def test_no_assigned_cpuset_changes_nothing(tree: FakeCgroup, make_runner: Any, status: str | None) -> None:
+    result = await make_runner().run(CREATE, pod=make_pod(tree, "LSR", status), container=APP)
+    assert result.failures == [] and result.response.is_empty()
+
+
+@pytest.mark.parametrize(
+    "status",
+    ["{cpuset: 0-3", '["0-3"]', '{"cpuset": 3}', '{"cpuset": "3-1"}', '{"cpuset": "0-3:2"}', '{"cpuset": "a"}'],
+)
+async def test_a_malformed_annotation_is_logged_and_skipped(tree: FakeCgroup, make_runner: Any, status: str) -> None:
+    with capture_logs() as logs:
+        result = await make_runner().run(CREATE, pod=make_pod(tree, "LSR", status), container=APP)
+    assert result.failures == [] and result.applied == ["cpuset"]  # the pod is never failed
+    assert result.response.is_empty()
+    assert [entry["log_level"] for entry in logs if entry.get("plugin") == "cpuset"] == ["warning"]
+
+
+async def test_cpus_the_node_lacks_are_refused(tree: FakeCgroup, make_runner: Any) -> None:
+    with capture_logs() as logs:
+        result = await make_runner().run(CREATE, pod=make_pod(tree, "LSR", '{"cpuset": "2-5"}'), container=APP)
+    assert result.failures == [] and result.response.is_empty()
+    [warning] = [entry for entry in logs if entry.get("plugin") == "cpuset"]
+    assert (warning["missing"], warning["node_cpus"]) == ("4-5", "0-3")
+
+
+async def test_without_a_cgroup_tree_the_cpuset_is_passed_on_unchecked(tree: FakeCgroup) -> None:
+    runner = PluginRunner([cpuset.plugin], context=ServerContext(cgroups=None), registry=CollectorRegistry())
+    try:
+        result = await runner.run(CREATE, pod=make_pod(tree, "LSR", '{"cpuset": "8-9"}'), container=APP)
+    finally:
+        runner.close()
+    assert result.response.resources.cpuset_cpus == "8-9"
+
+
+async def test_lsr_container_gets_no_quota_and_its_cpuset_with_the_cpu_plugin(
+    tree: FakeCgroup, make_runner: Any
+) -> None:
+    pod = make_pod(tree, "LSR", json.dumps({"cpuset": "0-1"}))
+    fs = tree.fs()
+    fs.set_cpu_quota(pod.cgroup_parent, 200000)  # kubelet's Guaranteed pod quota
+    runner = make_runner(cpu.plugin, cpuset.plugin)
+    pod_result = await runner.run(RUN, pod=pod)
+    assert pod_result.failures == []
+    assert fs.cpu_quota(pod.cgroup_parent)[0] == -1
+    result = await runner.run(CREATE, pod=pod, container=APP)
+    assert result.failures == [] and result.applied == ["cpu", "cpuset"]
+    resources = result.response.resources
+    assert (resources.cpu_quota, resources.cpuset_cpus, resources.cpu_shares) == (-1, "0-1", 0)
+
+
+def test_the_plan_is_pure() -> None:
+    pod = PodInfo(name="p", namespace="d", uid="u", annotations=MappingProxyType({STATUS: '{"cpuset": "1,2,3,7"}'}))
+    plan = cpuset.plan_container(pod, APP, QoSClass.LSE, DEFAULT_POLICY.cpuset.LSE)
+    assert plan.cpuset_cpus == "1-3,7" and plan.describe()["notes"]
+    shared = cpuset.plan_container(pod, APP, QoSClass.LS, DEFAULT_POLICY.cpuset.LS)
+    assert shared.cpuset_cpus is None
+    with pytest.raises(ValueError, match="resource-status"):
+        cpuset.cpuset_from_annotations({STATUS: "nope"})
