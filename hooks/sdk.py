@@ -499,6 +499,14 @@ class Handler:
     name: str
 
 
+@dataclass
+class _SyncCall:
+    """One sync handler call on its thread; guarded by the runner's lock."""
+
+    finished: bool = False
+    hung: bool = False
+
+
 def _callable_name(fn: Callable[..., Any]) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     module = getattr(fn, "__module__", None)
@@ -929,7 +937,7 @@ class PluginRunner:
         self.metrics = metrics if metrics is not None else PluginMetrics(registry)
         self._max_hung = max_hung
         self._closed = False
-        self._running_sync: dict[str, int] = {}
+        self._running_sync: dict[str, int] = {}  # per plugin: sync calls past their timeout, still running
         self._lock = threading.Lock()
         self._orphans: set[asyncio.Future[Any]] = set()
         self._odd_returns: set[str] = set()  # plugins warned about their reconcile return value
@@ -1132,15 +1140,15 @@ class PluginRunner:
         if self._closed:
             return "error", "not run: the runner is closed", None
         with self._lock:
-            running = self._running_sync.get(plugin.name, 0)
-            if running >= self._max_hung:
-                return "busy", f"{running} earlier calls of its sync handlers are still running", None
-            self._running_sync[plugin.name] = running + 1
+            hung = self._running_sync.get(plugin.name, 0)
+            if hung >= self._max_hung:
+                return "busy", f"{hung} earlier calls of its sync handlers timed out and still run", None
+        call = _SyncCall()
         context = contextvars.copy_context()
         work = _in_thread(
             functools.partial(context.run, _run_sync_handler, handler, kwargs),
             f"runtime-hooks-{plugin.name}",
-            lambda: self._sync_done(plugin.name),
+            lambda: self._sync_done(plugin.name, call),
         )
         future = asyncio.wrap_future(work)
         try:
@@ -1153,12 +1161,18 @@ class PluginRunner:
             # Detached, the thread's end does not touch the loop (which may be closed by then).
             future.cancel()
             work.add_done_callback(functools.partial(_late_end, plugin.name))
+            with self._lock:
+                if not call.finished:  # only calls past their timeout count as hung
+                    call.hung = True
+                    self._running_sync[plugin.name] = self._running_sync.get(plugin.name, 0) + 1
             return "timeout", f"no answer within {plugin.timeout:g}s (its thread runs on)", None
         return _task_outcome(future)
 
-    def _sync_done(self, name: str) -> None:
+    def _sync_done(self, name: str, call: _SyncCall) -> None:
         with self._lock:
-            self._running_sync[name] -= 1
+            call.finished = True
+            if call.hung:
+                self._running_sync[name] -= 1
 
     def _keep_orphan(self, future: asyncio.Future[Any], plugin: Plugin) -> None:
         """Hold a timed-out call until it ends, then log how (never as an unretrieved exception)."""

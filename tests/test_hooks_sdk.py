@@ -411,6 +411,22 @@ async def test_a_hanging_sync_handler_times_out_without_blocking_the_loop(make_r
     assert sample(runner, "hang", "PreCreateContainer", "timeout") == 1
 
 
+async def test_concurrent_sync_calls_within_their_timeout_are_never_refused(make_runner: Any) -> None:
+    # Only calls past their timeout count against max_hung: a busy node starting many pods at
+    # once must not lose a slow-but-timely plugin's changes.
+    slow = Plugin("slow", timeout=2.0)
+
+    @slow.on(CREATE)
+    def handler(*, response: Any, **kwargs: Any) -> None:
+        time.sleep(0.2)
+        response.annotations["slow"] = "done"
+
+    runner = make_runner(slow, max_hung=2)
+    results = await asyncio.gather(*(runner.run(CREATE, pod=POD, container=CONTAINER) for _ in range(6)))
+    assert [r.failures for r in results] == [[]] * 6
+    assert all(r.response.annotations == {"slow": "done"} for r in results)
+
+
 async def test_a_plugin_with_too_many_hung_sync_calls_is_not_called_again(make_runner: Any) -> None:
     release = threading.Event()
     calls = 0
