@@ -1,8 +1,9 @@
 """``runtime-proxy demo``: the whole data path on one machine, with nothing to set up.
 
 It starts a private containerd in a temporary root (the same test bed the end-to-end
-tests use), the proxy daemon in front of it, and plays a pod through the proxy with
-``runtime-proxy play``, so every relayed CRI call shows in the proxy's log.
+tests use), the runtime-hooks server with its built-in QoS plugins, the proxy daemon in
+front of containerd calling that server, and plays a pod through the proxy with
+``runtime-proxy play``: every relayed CRI call and every hook shows in the logs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from runtimeproxy.testbed import Containerd
 
 REQUIRED_TOOLS = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
 CLI = [sys.executable, "-c", "from runtimeproxy.cli import main; main()"]
+HOOKS_CLI = [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()"]
 
 
 def missing_tools() -> list[str]:
@@ -42,13 +44,20 @@ def run_demo(manifest: Path, keep_seconds: float) -> int:
             "(`bash .ci/system-deps.sh`, or `tox -e demo`, does it)"
         )
     workdir = Path(tempfile.mkdtemp(prefix="rtpx-demo-", dir="/tmp"))
+    hook_dir = workdir / "hookserver.d"
     with Containerd() as bed:
         _say(f"containerd {bed.snapshotter} test bed serving on {bed.address}")
-        proxy_socket = workdir / "proxy.sock"
-        proxy = _start_proxy(proxy_socket, bed.address)
+        _say("what the QoS plugins will do for this pod (runtime-hooks explain, writes nothing):")
+        _run([*HOOKS_CLI, "explain", str(manifest), "--cgroup-root", "/sys/fs/cgroup"])
+        daemons: list[subprocess.Popen[bytes]] = []
         try:
-            _wait_for_socket(proxy, proxy_socket)
-            _say(f"runtime-proxy serving on unix://{proxy_socket}; playing {manifest}")
+            hooks_socket = workdir / "hooks.sock"
+            daemons.append(_start_hooks(hooks_socket, hook_dir, bed.address))
+            _wait_for(daemons[-1], hook_dir / "runtime-hooks.json", "runtime-hooks")
+            proxy_socket = workdir / "proxy.sock"
+            daemons.append(_start_proxy(proxy_socket, bed.address, hook_dir, "/" + bed.cgroup_prefix))
+            _wait_for(daemons[-1], proxy_socket, "runtime-proxy")
+            _say(f"runtime-proxy serving on unix://{proxy_socket} with runtime-hooks; playing {manifest}")
             play = [*CLI, "play", str(manifest), "--endpoint", str(proxy_socket), "--cgroup-root", bed.cgroup_prefix]
             _run(play)
             if keep_seconds:
@@ -56,27 +65,38 @@ def run_demo(manifest: Path, keep_seconds: float) -> int:
                 time.sleep(keep_seconds)
             _run([*play, "--delete"])
         finally:
-            proxy.send_signal(signal.SIGTERM)
-            code = proxy.wait(timeout=30)
+            codes = [_stop(daemon) for daemon in reversed(daemons)]
             shutil.rmtree(workdir, ignore_errors=True)
-    _say(f"proxy drained and exited with {code}; containerd stopped and its root removed")
-    return code
+    _say(f"proxy and hooks server drained and exited with {codes}; containerd stopped and its root removed")
+    return max(codes, default=0)
 
 
-def _start_proxy(socket: Path, backend: str) -> subprocess.Popen[bytes]:
+def _start_proxy(socket: Path, backend: str, hook_dir: Path, cgroup_root: str) -> subprocess.Popen[bytes]:
     args = [*CLI, "serve", "--endpoint", str(socket), "--remote-runtime-endpoint", backend]
+    args += ["--hook-config-dir", str(hook_dir), "--cgroup-parent-root", cgroup_root]
     # debug shows every relayed call, not only the lifecycle ones.
     return subprocess.Popen([*args, "--log-level", "debug", "--log-format", "console"])
 
 
-def _wait_for_socket(proxy: subprocess.Popen[bytes], socket: Path, timeout: float = 20.0) -> None:
+def _start_hooks(socket: Path, hook_dir: Path, runtime: str) -> subprocess.Popen[bytes]:
+    args = [*HOOKS_CLI, "serve", "--endpoint", str(socket), "--hook-config-dir", str(hook_dir)]
+    args += ["--runtime-endpoint", runtime, "--cgroup-root", "/sys/fs/cgroup"]
+    return subprocess.Popen([*args, "--log-format", "console"])
+
+
+def _wait_for(daemon: subprocess.Popen[bytes], path: Path, name: str, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
-    while not socket.exists():
-        if proxy.poll() is not None:
-            raise click.ClickException(f"runtime-proxy exited with {proxy.returncode} before serving")
+    while not path.exists():
+        if daemon.poll() is not None:
+            raise click.ClickException(f"{name} exited with {daemon.returncode} before serving")
         if time.monotonic() > deadline:
-            raise click.ClickException(f"runtime-proxy did not create {socket} within {timeout:g} s")
+            raise click.ClickException(f"{name} did not create {path} within {timeout:g} s")
         time.sleep(0.05)
+
+
+def _stop(daemon: subprocess.Popen[bytes]) -> int:
+    daemon.send_signal(signal.SIGTERM)
+    return daemon.wait(timeout=30)
 
 
 def _run(args: list[str]) -> None:
