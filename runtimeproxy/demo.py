@@ -75,13 +75,13 @@ def _start_proxy(socket: Path, backend: str, hook_dir: Path, cgroup_root: str) -
     args = [*CLI, "serve", "--endpoint", str(socket), "--remote-runtime-endpoint", backend]
     args += ["--hook-config-dir", str(hook_dir), "--cgroup-parent-root", cgroup_root]
     # debug shows every relayed call, not only the lifecycle ones.
-    return subprocess.Popen([*args, "--log-level", "debug", "--log-format", "console"])
+    return subprocess.Popen([*args, "--log-level", "debug", "--log-format", "console"], cwd=socket.parent)
 
 
 def _start_hooks(socket: Path, hook_dir: Path, runtime: str) -> subprocess.Popen[bytes]:
     args = [*HOOKS_CLI, "serve", "--endpoint", str(socket), "--hook-config-dir", str(hook_dir)]
     args += ["--runtime-endpoint", runtime, "--cgroup-root", "/sys/fs/cgroup"]
-    return subprocess.Popen([*args, "--log-format", "console"])
+    return subprocess.Popen([*args, "--log-format", "console"], cwd=socket.parent)
 
 
 def _wait_for(daemon: subprocess.Popen[bytes], path: Path, name: str, timeout: float = 20.0) -> None:
@@ -100,7 +100,8 @@ def _stop(daemon: subprocess.Popen[bytes]) -> int:
 
 
 def _run(args: list[str]) -> None:
-    done = subprocess.run(args, check=False)
+    # Not from the current directory: in a source checkout that would import the source tree.
+    done = subprocess.run(args, check=False, cwd=tempfile.gettempdir())
     if done.returncode != 0:
         raise click.ClickException(f"{' '.join(args[3:])} exited with {done.returncode}")
 
