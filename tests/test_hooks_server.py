@@ -414,6 +414,8 @@ def test_serve_command_end_to_end(plugin_site: Path, short_dir: Path, tmp_path: 
         "RUNTIME_HOOKS_RESCTRL_ROOT": str(tmp_path / "no-resctrl"),
         "RUNTIME_HOOKS_POLICY": str(policy),
         "RUNTIME_HOOKS_LOG_FORMAT": "json",
+        # Only the test's plugins: the built-in ones would subscribe more hook points.
+        "RUNTIME_HOOKS_DISABLE": "cpu cpuset memory resctrl network",
     }
     process = subprocess.Popen(
         [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()", "serve"],
