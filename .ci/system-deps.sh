@@ -5,7 +5,8 @@
 # package is missing. Runs unattended (no TTY) as root, or through passwordless sudo.
 set -euo pipefail
 
-packages=(containerd runc busybox-static containernetworking-plugins iproute2)
+# systemd provides systemd-analyze, which the unit-file tests run (it starts nothing).
+packages=(containerd runc busybox-static containernetworking-plugins iproute2 systemd)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -259,6 +259,7 @@ class CgroupFS:
         if driver not in DRIVERS:
             raise ValueError(f"cgroup driver must be one of {', '.join(DRIVERS)}, got {driver!r}")
         self.root = Path(root)
+        self._resolved_root: str | None = None
         self.driver: CgroupDriver = driver
         self._version = version
 
@@ -315,10 +316,17 @@ class CgroupFS:
         return target
 
     def _check_inside(self, target: Path) -> None:
-        real_root = os.path.realpath(self.root)
+        real_root = self._real_root()
         real = os.path.realpath(target)
         if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
             raise CgroupPathError(f"{target} resolves to {real}, outside the cgroup root {real_root}")
+
+    def _real_root(self) -> str:
+        # The root's own resolution does not change while the server runs; every target's
+        # resolution is still checked afresh, which is what keeps writes inside it.
+        if self._resolved_root is None:
+            self._resolved_root = os.path.realpath(self.root)
+        return self._resolved_root
 
     def exists(self, parent: str, container_id: str | None = None, controller: str = "cpu") -> bool:
         """Whether the pod's (or container's) cgroup directory exists."""

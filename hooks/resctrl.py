@@ -470,6 +470,7 @@ class ResctrlFS:
 
     def __init__(self, root: Path = DEFAULT_ROOT, *, ops: ResctrlOps | None = None) -> None:
         self.root = Path(root)
+        self._resolved_root: str | None = None
         self._ops: ResctrlOps = ops if ops is not None else KernelOps()
         self._info: ResctrlInfo | None = None
         self._mutex = threading.RLock()
@@ -497,7 +498,9 @@ class ResctrlFS:
         """``root/<name>`` for a valid group name; raises :class:`InvalidGroupName` otherwise."""
         validate_group_name(name)
         path = self.root / name
-        real_root = os.path.realpath(self.root)
+        if self._resolved_root is None:  # the root's resolution does not change; each group's is checked
+            self._resolved_root = os.path.realpath(self.root)
+        real_root = self._resolved_root
         real = os.path.realpath(path)
         if os.path.dirname(real) != real_root or os.path.basename(real) != name:
             raise InvalidGroupName(f"resctrl group {name!r} resolves to {real}, outside {real_root}")

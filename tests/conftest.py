@@ -26,6 +26,14 @@ def _testbed_problems() -> list[str]:
     return problems
 
 
+@pytest.fixture
+def require_root() -> None:
+    """For tests that need root and iproute2: they fail, never skip, without them."""
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(f"this test needs root and iproute2 (uid {os.geteuid()}, missing: {missing})", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def containerd() -> Iterator[Containerd]:
     """A started containerd (CRI at `.address`) shared by the whole session.

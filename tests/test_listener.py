@@ -16,7 +16,8 @@ import pytest
 import runtimeproxy
 from runtimeproxy.listener import AlreadyServing, UnixListener, open_unix_listener
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another group needs root")
+# Fails (never skips) without root: chown to another group needs it.
+needs_root = pytest.mark.usefixtures("require_root")
 
 
 @pytest.fixture

@@ -4,10 +4,9 @@ net_cls classid, a pod-network LS pod classified by its address, TCP flows shape
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -199,8 +198,10 @@ def test_dry_run_touches_no_interface(tmp_path: Path, monkeypatch: pytest.Monkey
     cgroups = CgroupFS(tmp_path, version=CgroupVersion.V1)
     logger = structlog.get_logger()
     network._start(server=ServerContext(), policy_section=section, log=logger, dry_run=True)
-    network._classify(pod=pod, qos=QoSClass.BE, policy_section=section, cgroups=cgroups, log=logger, dry_run=True)
-    network._forget(pod=pod, log=logger, dry_run=True)
+    asyncio.run(
+        network._classify(pod=pod, qos=QoSClass.BE, policy_section=section, cgroups=cgroups, log=logger, dry_run=True)
+    )
+    asyncio.run(network._forget(pod=pod, log=logger, dry_run=True))
     assert network._reconcile(pods=[pod], policy_section=section, cgroups=cgroups, log=logger, dry_run=True) == 0
     assert not network.STATE.active
     assert int((top / "sb" / "net_cls.classid").read_text()) == BE
@@ -208,10 +209,8 @@ def test_dry_run_touches_no_interface(tmp_path: Path, monkeypatch: pytest.Monkey
 
 # --- real: network namespaces ---------------------------------------------------------------------
 
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-    reason="needs root and iproute2 to create network namespaces",
-)
+# Fails (never skips) without root or iproute2: network namespaces need both.
+needs_root = pytest.mark.usefixtures("require_root")
 
 
 def sh(*argv: str) -> str:
@@ -260,7 +259,7 @@ def _mount_net_cls(where: Path) -> Path | None:
     where.mkdir(parents=True)
     result = subprocess.run(["mount", "-t", "cgroup", "-o", "net_cls", "rp-test-net_cls", str(where)], check=False)
     if result.returncode != 0:
-        pytest.skip("cannot mount a net_cls cgroup hierarchy")
+        pytest.fail("cannot mount a net_cls cgroup hierarchy")
     return where
 
 

@@ -114,6 +114,8 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=1.0,
     description="CFS quota (BE from batch-cpu, none for pinned classes), CFS burst, cpu.idle and group identity",
+    # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
+    blocking=False,
 )
 
 # koordinator-sh/koordinator apis/extension: AnnotationExtendedResourceSpec (NodeDomainPrefix +

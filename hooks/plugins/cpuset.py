@@ -47,6 +47,8 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=1.0,
     description="pins LSE and LSR containers to the cpuset koord-scheduler assigned to the pod",
+    # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
+    blocking=False,
 )
 
 # koordinator-sh/koordinator apis/extension: AnnotationResourceStatus = SchedulingDomainPrefix + "/resource-status".

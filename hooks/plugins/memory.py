@@ -126,6 +126,8 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=2.0,
     description="memory.min/low/high (v2) or soft limit (v1) per QoS class; BE containers OOM-killed first",
+    # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
+    blocking=False,
 )
 
 #: Koordinator's annotation with a pod's extended-resource requests and limits, per container.

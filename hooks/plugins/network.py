@@ -67,6 +67,7 @@ namespace (a name under /run/netns or a path) instead of the daemon's own; tests
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import errno
 import ipaddress
@@ -1077,8 +1078,13 @@ def _stop(*, log: Any, **kwargs: Any) -> None:
         log.info("leaving the network QoS tree in place", interface=STATE.shaper.interface)
 
 
+# The hook handlers are async so that, with shaping off (no interface in the policy), a call
+# costs nothing; the netlink work runs on a thread (pyroute2's sync API cannot run inside
+# the server's event loop).
+
+
 @plugin.on(HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER)
-def _classify(
+async def _classify(
     *,
     pod: PodInfo,
     qos: QoSClass,
@@ -1092,13 +1098,14 @@ def _classify(
         if policy_section.interface:
             NetworkQoS.rehearse(pod, qos, cgroups, log)
         return
-    STATE.classify(pod, qos, cgroups, log)
+    if STATE.shaper is not None:
+        await asyncio.to_thread(STATE.classify, pod, qos, cgroups, log)
 
 
 @plugin.on(HookPoint.POST_STOP_POD_SANDBOX)
-def _forget(*, pod: PodInfo, log: Any, dry_run: bool = False, **kwargs: Any) -> None:
-    if not dry_run:
-        STATE.forget(pod, log)
+async def _forget(*, pod: PodInfo, log: Any, dry_run: bool = False, **kwargs: Any) -> None:
+    if not dry_run and STATE.shaper is not None:
+        await asyncio.to_thread(STATE.forget, pod, log)
 
 
 @plugin.reconcile

@@ -113,6 +113,8 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=5.0,
     description="L3 cache ways and memory bandwidth per QoS class through resctrl groups",
+    # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
+    blocking=False,
 )
 
 #: Every group this plugin creates is named with this prefix; other groups are never touched.
