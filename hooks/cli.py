@@ -18,13 +18,14 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 import structlog
 from prometheus_client import CollectorRegistry
 
 from runtimeproxy import __version__
+from runtimeproxy.cli_options import logging_options, metrics_address_option
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
 from runtimeproxy.metrics import start_metrics_server
@@ -69,6 +70,21 @@ _disable_option = click.option(
     show_envvar=True,
     help="Do not run these plugins (repeatable; in the variable, separated by spaces).",
 )
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _policy_option(help_text: str) -> Callable[[_F], _F]:
+    return click.option(
+        "--policy",
+        "policy_file",
+        type=click.Path(dir_okay=False),
+        default=None,
+        envvar=f"{_ENV_PREFIX}_POLICY",  # named after the flag, not the parameter
+        show_envvar=True,
+        help=help_text,
+    )
+
+
 _cgroup_root_option = click.option(
     "--cgroup-root",
     type=click.Path(file_okay=False),
@@ -114,15 +130,7 @@ _resctrl_root_option = click.option(
 @_cgroup_root_option
 @_cgroup_driver_option
 @_resctrl_root_option
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    envvar=f"{_ENV_PREFIX}_POLICY",  # named after the flag, not the parameter
-    show_envvar=True,
-    help="Per-class policy YAML, re-read when it changes.  [default: the built-in policy]",
-)
+@_policy_option("Per-class policy YAML, re-read when it changes.  [default: the built-in policy]")
 @_enable_option
 @_disable_option
 @click.option(
@@ -133,27 +141,8 @@ _resctrl_root_option = click.option(
     help="The CRI runtime (containerd) the reconciler lists the live pods from every "
     "reconciler.interval_seconds of the policy. Empty: no reconciling.",
 )
-@click.option(
-    "--metrics-address",
-    default="",
-    show_envvar=True,
-    help='host:port for Prometheus metrics at /metrics (":9317" listens on all addresses). Off when empty.',
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-    default="info",
-    show_default=True,
-    show_envvar=True,
-)
-@click.option(
-    "--log-format",
-    type=click.Choice(["json", "console"], case_sensitive=False),
-    default="json",
-    show_default=True,
-    show_envvar=True,
-    help="json: one JSON object a line with a journald priority prefix; console: for people.",
-)
+@metrics_address_option(9317)
+@logging_options()
 def serve(
     endpoint: str,
     hook_config_dir: str,
@@ -381,15 +370,7 @@ def _table(discovery: DiscoveryResult, enabled: set[str]) -> str:
 
 @cli.command(context_settings={"auto_envvar_prefix": _ENV_PREFIX})
 @click.argument("manifest", metavar="POD.yaml", type=click.Path(dir_okay=False))
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    envvar=f"{_ENV_PREFIX}_POLICY",
-    show_envvar=True,
-    help="Per-class policy YAML laid over the defaults.  [default: the built-in policy]",
-)
+@_policy_option("Per-class policy YAML laid over the defaults.  [default: the built-in policy]")
 @_cgroup_root_option
 @_cgroup_driver_option
 @_resctrl_root_option
@@ -479,15 +460,7 @@ def policy() -> None:
 
 
 @policy.command("show")
-@click.option(
-    "--policy",
-    "policy_file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    envvar=f"{_ENV_PREFIX}_POLICY",
-    show_envvar=True,
-    help="Policy file to lay over the defaults.  [default: none, the built-in policy]",
-)
+@_policy_option("Policy file to lay over the defaults.  [default: none, the built-in policy]")
 def policy_show(policy_file: str | None) -> None:
     """Print the effective policy as YAML: the defaults with FILE laid over them.
 

@@ -54,10 +54,8 @@ from .qos import QoSResolution
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl import (
     AddTasksResult,
-    ResctrlCapacityError,
     ResctrlError,
     ResctrlFS,
-    ResctrlUnsupported,
     parse_schemata,
 )
 from .sdk import (
@@ -401,15 +399,7 @@ class DryRunResctrlFS(ResctrlFS):
         with self._state_lock:
             if self._has(name):
                 return path
-            info = self.info()
-            if info.num_closids == 0:
-                raise ResctrlUnsupported(f"{self.root}: no allocation resource (monitoring-only resctrl)")
-            existing = self.groups()
-            if len(existing) >= info.max_groups:
-                raise ResctrlCapacityError(
-                    f"cannot create resctrl group {name!r}: the host has {info.num_closids} CLOSIDs, the root group "
-                    f"holds one and {len(existing)} group(s) exist ({', '.join(existing) or 'none'})"
-                )
+            self.check_room_for(name)
             self.recorder.record("resctrl", "mkdir", path)
             self._created.add(name)
             self._removed.discard(name)

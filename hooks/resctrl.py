@@ -515,6 +515,18 @@ class ResctrlFS:
 
     # -- groups ------------------------------------------------------------------------
 
+    def check_room_for(self, name: str) -> None:
+        """Raise unless one more group fits: the root group holds one CLOSID, each group one."""
+        info = self.info()
+        if info.num_closids == 0:
+            raise ResctrlUnsupported(f"{self.root}: no allocation resource (monitoring-only resctrl)")
+        existing = self.groups()
+        if len(existing) >= info.max_groups:
+            raise ResctrlCapacityError(
+                f"cannot create resctrl group {name!r}: the host has {info.num_closids} CLOSIDs, the root group "
+                f"holds one and {len(existing)} group(s) exist ({', '.join(existing) or 'none'})"
+            )
+
     def ensure_group(self, name: str) -> Path:
         """Create group ``name`` unless it exists; return its directory.
 
@@ -525,15 +537,7 @@ class ResctrlFS:
         with self._locked():
             if path.is_dir():
                 return path
-            info = self.info()
-            if info.num_closids == 0:
-                raise ResctrlUnsupported(f"{self.root}: no allocation resource (monitoring-only resctrl)")
-            existing = self.groups()
-            if len(existing) >= info.max_groups:
-                raise ResctrlCapacityError(
-                    f"cannot create resctrl group {name!r}: the host has {info.num_closids} CLOSIDs, the root group "
-                    f"holds one and {len(existing)} group(s) exist ({', '.join(existing) or 'none'})"
-                )
+            self.check_room_for(name)
             try:
                 self._ops.mkdir(path)
             except FileExistsError:

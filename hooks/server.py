@@ -109,37 +109,34 @@ def _env_value(value: bytes) -> str:
 
 def pod_from_request(request: Any) -> PodInfo:
     """A PodSandboxHookRequest as PodInfo."""
-    meta = request.pod_meta
-    return PodInfo(
-        name=meta.name,
-        namespace=meta.namespace,
-        uid=meta.uid,
-        attempt=meta.attempt,
-        sandbox_id=request.pod_sandbox_id,
-        labels=MappingProxyType(dict(request.labels)),
-        annotations=MappingProxyType(dict(request.annotations)),
-        cgroup_parent=request.cgroup_parent,
-        runtime_handler=request.runtime_handler,
-        resources=resources_from_proto(request.resources) if request.HasField("resources") else None,
-        overhead=resources_from_proto(request.overhead) if request.HasField("overhead") else None,
-    )
+    return _pod_info(request, "")
 
 
 def pod_from_container_request(request: Any) -> PodInfo:
     """The pod part of a ContainerResourceHookRequest as PodInfo."""
+    return _pod_info(request, "pod_")
+
+
+def _pod_info(request: Any, prefix: str) -> PodInfo:
+    """The pod fields of a hook request; container requests name them ``pod_labels`` etc."""
     meta = request.pod_meta
+
+    def resources(name: str) -> Any:
+        field = prefix + name
+        return resources_from_proto(getattr(request, field)) if request.HasField(field) else None
+
     return PodInfo(
         name=meta.name,
         namespace=meta.namespace,
         uid=meta.uid,
         attempt=meta.attempt,
         sandbox_id=request.pod_sandbox_id,
-        labels=MappingProxyType(dict(request.pod_labels)),
-        annotations=MappingProxyType(dict(request.pod_annotations)),
-        cgroup_parent=request.pod_cgroup_parent,
+        labels=MappingProxyType(dict(getattr(request, prefix + "labels"))),
+        annotations=MappingProxyType(dict(getattr(request, prefix + "annotations"))),
+        cgroup_parent=getattr(request, prefix + "cgroup_parent"),
         runtime_handler=request.runtime_handler,
-        resources=resources_from_proto(request.pod_resources) if request.HasField("pod_resources") else None,
-        overhead=resources_from_proto(request.pod_overhead) if request.HasField("pod_overhead") else None,
+        resources=resources("resources"),
+        overhead=resources("overhead"),
     )
 
 

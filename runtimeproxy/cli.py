@@ -14,6 +14,7 @@ import structlog
 import uvloop
 
 from runtimeproxy import __version__
+from runtimeproxy.cli_options import logging_options, metrics_address_option
 from runtimeproxy.dispatch.interceptor import DEFAULT_SKIP_LABEL
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS, HookLayer, HookSettings
 from runtimeproxy.endpoints import EndpointError, socket_path
@@ -134,28 +135,8 @@ def cli() -> None:
     show_envvar=True,
     help="Cgroup parents a hook may set must stay under one of these (repeatable).",
 )
-@click.option(
-    "--metrics-address",
-    default="",
-    show_envvar=True,
-    help="host:port for Prometheus metrics at /metrics (\":9316\" listens on all addresses). Off when empty.",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-    default="info",
-    show_default=True,
-    show_envvar=True,
-    help="debug also logs every relayed call that is not a lifecycle call.",
-)
-@click.option(
-    "--log-format",
-    type=click.Choice(["json", "console"], case_sensitive=False),
-    default="json",
-    show_default=True,
-    show_envvar=True,
-    help="json: one JSON object a line with a journald priority prefix; console: for people.",
-)
+@metrics_address_option(9316)
+@logging_options("debug also logs every relayed call that is not a lifecycle call.")
 @click.option(
     "--socket-group",
     default=None,
