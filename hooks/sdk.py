@@ -762,7 +762,10 @@ def _source(entry_point: importlib.metadata.EntryPoint) -> str:
 
 
 def load_entry_point(entry_point: importlib.metadata.EntryPoint) -> Plugin:
-    """The Plugin an entry point names (the object, or a module's ``plugin``); raises on failure."""
+    """The Plugin an entry point names (the object, or a module's ``plugin``); raises on failure.
+
+    A plugin left at the default version ``"0"`` takes the version of the distribution that
+    installed the entry point, when there is one."""
     target = entry_point.load()
     if isinstance(target, types.ModuleType):
         if not hasattr(target, "plugin"):
@@ -771,6 +774,11 @@ def load_entry_point(entry_point: importlib.metadata.EntryPoint) -> Plugin:
     if not isinstance(target, Plugin):
         raise PluginDefinitionError(f"{entry_point.value} is a {type(target).__name__}, not a runtimeproxy Plugin")
     target.check()
+    if target.version == "0":
+        dist = getattr(entry_point, "dist", None)
+        version = getattr(dist, "version", None) if dist is not None else None
+        if isinstance(version, str) and version:
+            target.version = version
     return target
 
 

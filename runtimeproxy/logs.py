@@ -128,7 +128,10 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
         logger_factory=_stdout_logger_factory,
         context_class=dict,
-        cache_logger_on_first_use=True,
+        # Not cached: a cached module-level logger would keep this configuration for good,
+        # so a later configure_logging (or structlog.testing.capture_logs) would not reach it.
+        # Hot paths ask debug_enabled() before building a debug line instead.
+        cache_logger_on_first_use=False,
     )
     _min_level = min_level
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import structlog
 
 from runtimeproxy.listener import UnixListener, open_unix_listener
+from runtimeproxy.logs import debug_enabled
 from runtimeproxy.metrics import CallMetrics, code_name
 from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions
 from runtimeproxy.relay.interceptor import CallInterceptor, PassThrough
@@ -52,7 +53,7 @@ class CallLog:
                 duration_ms=round(seconds * 1000, 3),
                 **({"error": message} if code else {}),
             )
-        else:
+        elif debug_enabled():
             log.debug(
                 "cri call", method=method.path, code=code_name(code), duration_ms=round(seconds * 1000, 3)
             )

@@ -11,10 +11,10 @@ test process; the kernel behaviour behind it (mkdir populating a group, schemata
 validated and re-rendered, tasks moved) lives in a :class:`FakeResctrl` object, which a
 second process cannot reach. So the runtime-hooks subprocess is started with a tiny module
 (``rtpx_e2e_fake_kernel``, written into a temporary PYTHONPATH directory and imported before
-``main()``) that builds the same fake with the same options, points it at the tree made here
-and installs it as that process's resctrl "kernel" (``runtimeproxy.hooks.resctrl.KernelOps``).
-Nothing else changes: the server's ResctrlFS, the plugin and the reconciler run unmodified,
-and this test reads the files the fake renders, as one reads the kernel's.
+``main()``) that calls the test kit's ``attach_fake_resctrl`` with the tree made here and its
+options: that process then drives the tree as its resctrl kernel. Nothing else changes: the
+server's ResctrlFS, the plugin and the reconciler run unmodified, and this test reads the files
+the fake renders, as one reads the kernel's.
 
 **Extra plugins** (a crashing and a hanging one) are not installed: their modules and a
 ``*.dist-info/entry_points.txt`` (group ``runtimeproxy.hooks``) go into a temporary directory
@@ -80,36 +80,17 @@ SPEC_ANNOTATION = "node.koordinator.sh/extended-resource-spec"
 BATCH_CPU = "kubernetes.io/batch-cpu"
 MiB = 1 << 20
 
-FAKE_KERNEL_MODULE = '''\
-"""Makes this process's resctrl "kernel" the test kit's fake, over the tree the test made.
-
-The tree at $RTPX_E2E_FAKE_RESCTRL["root"] was made by make_fake_resctrl with the same options:
-an identical fake built aside and pointed at it holds the same state and renders into it.
-"""
+FAKE_KERNEL_MODULE = """\
+\"\"\"Makes this process's resctrl "kernel" the test kit's fake, over the tree the test made.\"\"\"
 import json
 import os
-import shutil
-import tempfile
-from pathlib import Path
-
-
-def _install() -> None:
-    spec = json.loads(os.environ["RTPX_E2E_FAKE_RESCTRL"])
-    from runtimeproxy.hooks import resctrl
-    from runtimeproxy.hooks.testkit.resctrl import make_fake_resctrl
-
-    scratch = Path(tempfile.mkdtemp(prefix="rtpx-fake-kernel-"))
-    try:
-        kernel = make_fake_resctrl(scratch / "resctrl", **spec["options"])
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    kernel.root = Path(spec["root"])
-    resctrl.KernelOps = lambda: kernel  # ResctrlFS(root) without ops= now drives the fake
-
 
 if os.environ.get("RTPX_E2E_FAKE_RESCTRL"):
-    _install()
-'''
+    from runtimeproxy.hooks.testkit import attach_fake_resctrl
+
+    spec = json.loads(os.environ["RTPX_E2E_FAKE_RESCTRL"])
+    attach_fake_resctrl(spec["root"], **spec["options"])
+"""
 
 CRASH_PLUGIN = """\
 from runtimeproxy.hooks.sdk import HookPoint, Plugin

@@ -1,98 +1,33 @@
-"""Tests of the envstamp plugin, with the runtimeproxy hooks test kit: fake cgroup trees instead
-of /sys/fs/cgroup, hook requests built as the proxy sends them, and the plugin run by the same
-PluginRunner (and, in one test, the same gRPC server) that ``runtime-hooks serve`` uses."""
+"""Tests of the envstamp plugin, with the runtimeproxy hooks test kit: fake cgroup trees instead of
+/sys/fs/cgroup (the ``fake_cgroup*`` fixtures), pods and containers built with defaults
+(``pod``, ``container``), and the plugin run by the PluginRunner that ``runtime-hooks serve``
+uses (``run_plugin``) or, in one test, by the gRPC server itself (``container_request``)."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc.aio
 import pytest
 from rtpx_plugin_envstamp import ANNOTATION, ENV_VAR, SOURCE_ANNOTATION, plugin
-from runtimeproxy.hooks.cgroups import shares_to_weight, weight_to_shares
-from runtimeproxy.hooks.sdk import (
-    ContainerInfo,
-    HookPoint,
-    PluginRunner,
-    PodInfo,
-    RunResult,
-    ServerContext,
-    discover_plugins,
-)
-from runtimeproxy.hooks.server import (
-    RuntimeHooksServer,
-    ServerSettings,
-    container_from_request,
-    pod_from_container_request,
-)
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.cgroups import CgroupVersion, shares_to_weight, weight_to_shares
+from runtimeproxy.hooks.sdk import HookPoint, PluginRunner, discover_plugins
+from runtimeproxy.hooks.server import RuntimeHooksServer, ServerSettings
+from runtimeproxy.hooks.testkit import FakeCgroup, container, container_request, pod, run_plugin
 from structlog.testing import capture_logs
 
-from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
 
-UID = "0b7a2c1e-5d4f-4e8a-9c3b-1f2e3d4c5b6a"
+# The test kit's fixtures: fake_cgroup (v1 and v2, cgroupfs and systemd), fake_cgroup_v1,
+# fake_cgroup_v2, fake_resctrl.
+pytest_plugins = ["runtimeproxy.hooks.testkit.fixtures"]
+
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+STARTED = HookPoint.POST_START_CONTAINER
 CONTAINER_ID = "4f9d0c2b7e1a"
-
-# --- fixtures ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["v1", "v2"])
-def cgroup_tree(request: pytest.FixtureRequest, tmp_path: Path) -> FakeCgroup:
-    """A fake cgroup tree (v1 and v2 in turn) with kubelet's kubepods cgroups, cgroupfs driver."""
-    make = make_fake_cgroup_v1 if request.param == "v1" else make_fake_cgroup_v2
-    return make(tmp_path / "cgroup")
-
-
-@pytest.fixture
-def runner() -> Iterator[Any]:
-    """runner(cgroups=None) -> a PluginRunner with only envstamp enabled, closed after the test."""
-    made: list[PluginRunner] = []
-
-    def make(cgroups: Any = None) -> PluginRunner:
-        made.append(PluginRunner([plugin], context=ServerContext(cgroups=cgroups)))
-        return made[-1]
-
-    yield make
-    for each in made:
-        each.close()
-
-
-# --- requests as the proxy sends them ----------------------------------------------------------
-
-
-def container_request(
-    *,
-    cgroup_parent: str,
-    labels: dict[str, str] | None = None,
-    container_id: str = "",
-    env: dict[str, str] | None = None,
-    cpu_shares: int = 512,
-) -> Any:
-    """A ContainerResourceHookRequest like the proxy's at CreateContainer (id "") or later hooks."""
-    return hook_pb.ContainerResourceHookRequest(
-        pod_meta=hook_pb.PodSandboxMetadata(name="web", namespace="shop", uid=UID, attempt=0),
-        container_meta=hook_pb.ContainerMetadata(name="app", id=container_id),
-        pod_labels=labels or {},
-        pod_cgroup_parent=cgroup_parent,
-        container_resources=hook_pb.LinuxContainerResources(cpu_shares=cpu_shares),
-        container_env_list=[hook_pb.KeyValue(key=k, value=v.encode()) for k, v in (env or {}).items()],
-        pod_sandbox_id="sandbox-1",
-    )
-
-
-def views(request: Any) -> tuple[PodInfo, ContainerInfo]:
-    """What the server hands the plugin for ``request``: the server's own conversion."""
-    return pod_from_container_request(request), container_from_request(request)
-
-
-async def call(runner: PluginRunner, point: HookPoint, request: Any) -> RunResult:
-    pod, container = views(request)
-    return await runner.run(point, pod=pod, container=container)
 
 
 # --- the package ---------------------------------------------------------------------------------
@@ -111,44 +46,40 @@ def test_the_plugin_is_installed_as_an_entry_point() -> None:
 
 
 @pytest.mark.parametrize(
-    ("labels", "kube_qos", "qos", "source"),
+    ("pod_fields", "qos", "source"),
     [
-        ({}, "besteffort", "BE", "kubernetes-cgroup-parent"),
-        ({}, "burstable", "LS", "kubernetes-cgroup-parent"),
-        ({}, "guaranteed", "LSR", "kubernetes-cgroup-parent"),
-        ({"koordinator.sh/qosClass": "LSE"}, "guaranteed", "LSE", "koordinator-label"),
+        ({"kube_qos": "besteffort"}, "BE", "kubernetes-cgroup-parent"),  # /kubepods/besteffort/pod<uid>
+        ({"kube_qos": "burstable"}, "LS", "kubernetes-cgroup-parent"),
+        ({"kube_qos": "guaranteed"}, "LSR", "kubernetes-cgroup-parent"),
+        ({"qos": "LSE"}, "LSE", "koordinator-label"),  # labelled koordinator.sh/qosClass=LSE
     ],
 )
-async def test_the_container_gets_its_qos_class(
-    runner: Any, labels: dict[str, str], kube_qos: Any, qos: str, source: str, tmp_path: Path
-) -> None:
-    parent = make_fake_cgroup_v2(tmp_path / "cgroup").pod_parent(UID, kube_qos)
-    result = await call(
-        runner(), HookPoint.PRE_CREATE_CONTAINER, container_request(cgroup_parent=parent, labels=labels)
-    )
+async def test_the_container_gets_its_qos_class(pod_fields: dict[str, Any], qos: str, source: str) -> None:
+    result = await run_plugin(plugin, CREATE, pod=pod(**pod_fields), container=container("app"))
     assert result.applied == ["envstamp"] and result.failures == []
     assert result.response.env.items() == [(ENV_VAR, qos)]
     assert result.response.annotations == {ANNOTATION: qos, SOURCE_ANNOTATION: source}
     assert result.response.resources.is_empty() and result.response.problems() == []
 
 
-async def test_the_stamp_replaces_a_value_the_container_already_has(runner: Any) -> None:
-    request = container_request(cgroup_parent=f"/kubepods/besteffort/pod{UID}", env={ENV_VAR: "forged", "A": "1"})
-    result = await call(runner(), HookPoint.PRE_CREATE_CONTAINER, request)
+async def test_the_stamp_replaces_a_value_the_container_already_has() -> None:
+    app = container(env={ENV_VAR: "forged", "A": "1"})
+    result = await run_plugin(plugin, CREATE, pod=pod(kube_qos="besteffort"), container=app)
     assert result.response.env.items() == [(ENV_VAR, "BE")]  # the proxy sets it in place; A is untouched
 
 
-async def test_through_the_hook_server(runner: Any) -> None:
+async def test_through_the_hook_server() -> None:
     """The same call over gRPC, as the proxy makes it: what goes back on the wire."""
     directory = Path(tempfile.mkdtemp(prefix="envstamp-", dir="/tmp"))  # unix socket paths are short
     settings = ServerSettings(endpoint=str(directory / "hooks.sock"), hook_config_dir=None, stop_grace=0)
-    server = RuntimeHooksServer(runner(), settings)
+    runner = PluginRunner([plugin])
+    server = RuntimeHooksServer(runner, settings)
     try:
         await server.start()
         async with grpc.aio.insecure_channel(f"unix://{server.endpoint}") as channel:
             stubs: Any = hook_grpc  # generated without type hints
             stub = stubs.RuntimeHookServiceStub(channel)
-            request = container_request(cgroup_parent=f"/kubepods/burstable/pod{UID}")
+            request = container_request(pod=pod(kube_qos="burstable"))  # the request the proxy sends
             reply = await stub.PreCreateContainerHook(request, timeout=5)
             with pytest.raises(grpc.aio.AioRpcError) as info:  # not handled: the proxy skips this server
                 await stub.PreStartContainerHook(request, timeout=5)
@@ -159,27 +90,27 @@ async def test_through_the_hook_server(runner: Any) -> None:
         assert server.hook_points == {HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER}
     finally:
         await server.stop(0)
+        runner.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 
 # --- PostStartContainer: reading the container's cgroup --------------------------------------
 
 
-async def test_the_started_container_cpu_shares_are_logged(runner: Any, cgroup_tree: FakeCgroup) -> None:
-    parent = cgroup_tree.add_pod(UID, "burstable")
-    cgroup_tree.add_container(parent, CONTAINER_ID)
-    cgroups = cgroup_tree.fs()
-    cgroups.set_cpu_shares(parent, 512, container_id=CONTAINER_ID)  # what runc did at create
-    request = container_request(cgroup_parent=parent, container_id=CONTAINER_ID)
+async def test_the_started_container_cpu_shares_are_logged(fake_cgroup: FakeCgroup) -> None:
+    """Runs for cgroup v1 and v2, each with the cgroupfs and the systemd driver."""
+    web = pod("web", "shop", kube_qos="burstable", cgroups=fake_cgroup)  # creates the pod's cgroup
+    app = container("app", id=CONTAINER_ID, pod=web, cgroups=fake_cgroup)  # and the container's
+    fake_cgroup.fs().set_cpu_shares(web.cgroup_parent, 512, container_id=app.id)  # what runc did at create
     with capture_logs() as logs:
-        result = await call(runner(cgroups), HookPoint.POST_START_CONTAINER, request)
+        result = await run_plugin(plugin, STARTED, pod=web, container=app, cgroups=fake_cgroup)
     assert result.applied == ["envstamp"] and result.response.is_empty()
     # v2 keeps cpu.weight (1..10000), a coarser scale: 512 shares come back as the smallest
     # shares value with the same weight.
-    expected = 512 if cgroup_tree.version == 1 else weight_to_shares(shares_to_weight(512))
+    expected = 512 if fake_cgroup.version is CgroupVersion.V1 else weight_to_shares(shares_to_weight(512))
     [record] = [r for r in logs if r["event"] == "envstamp: container started"]
     assert record["cpu_shares"] == expected
-    assert record["cgroup_version"] == cgroup_tree.version
+    assert record["cgroup_version"] == fake_cgroup.version
     assert (record["plugin"], record["hook"], record["pod"], record["container"]) == (
         "envstamp",
         "PostStartContainer",
@@ -188,27 +119,28 @@ async def test_the_started_container_cpu_shares_are_logged(runner: Any, cgroup_t
     )
 
 
-async def test_a_container_without_a_cgroup_is_logged_not_an_error(runner: Any, cgroup_tree: FakeCgroup) -> None:
-    parent = cgroup_tree.add_pod(UID, "besteffort")  # no container cgroup: it is gone already
-    request = container_request(cgroup_parent=parent, container_id=CONTAINER_ID)
+async def test_a_container_without_a_cgroup_is_logged_not_an_error(fake_cgroup: FakeCgroup) -> None:
+    web = pod(kube_qos="besteffort", cgroups=fake_cgroup)
+    gone = container(id=CONTAINER_ID)  # no container cgroup: it is gone already
     with capture_logs() as logs:
-        result = await call(runner(cgroup_tree.fs()), HookPoint.POST_START_CONTAINER, request)
+        result = await run_plugin(plugin, STARTED, pod=web, container=gone, cgroups=fake_cgroup)
     assert result.failures == []
     [record] = [r for r in logs if r["plugin"] == "envstamp"]
     assert record["event"] == "envstamp: cannot read cpu shares" and record["log_level"] == "warning"
 
 
-async def test_a_parent_outside_the_cgroup_root_is_refused(runner: Any, cgroup_tree: FakeCgroup) -> None:
-    request = container_request(cgroup_parent="/kubepods/../../etc", container_id=CONTAINER_ID)
+async def test_a_parent_outside_the_cgroup_root_is_refused(fake_cgroup_v2: FakeCgroup) -> None:
+    escaping = pod(cgroup_parent="/kubepods/../../etc")
     with capture_logs() as logs:
-        result = await call(runner(cgroup_tree.fs()), HookPoint.POST_START_CONTAINER, request)
+        result = await run_plugin(
+            plugin, STARTED, pod=escaping, container=container(id=CONTAINER_ID), cgroups=fake_cgroup_v2
+        )
     assert result.failures == []
     [record] = [r for r in logs if r["plugin"] == "envstamp"]
     assert "'..' segment" in record["error"]
 
 
-async def test_without_cgroups_the_hook_does_nothing(runner: Any) -> None:
-    request = container_request(cgroup_parent=f"/kubepods/pod{UID}", container_id=CONTAINER_ID)
+async def test_without_cgroups_the_hook_does_nothing() -> None:
     with capture_logs() as logs:
-        result = await call(runner(None), HookPoint.POST_START_CONTAINER, request)
+        result = await run_plugin(plugin, STARTED, pod=pod(), container=container(id=CONTAINER_ID), cgroups=None)
     assert result.applied == ["envstamp"] and [r for r in logs if r.get("plugin") == "envstamp"] == []
