@@ -189,6 +189,7 @@ class RelayConnection:
         self.last_client_stream = 0
         self.closing = False
         self.route_service_is_image = False
+        self.routed = False  # with two backends: whether the first call has chosen one
         self.own_settings_acks = 0  # client SETTINGS ACKs that answer the relay's own SETTINGS
         # Flow control towards the backend, for sending changed requests.
         self.up_conn_window = frames.DEFAULT_WINDOW
@@ -278,7 +279,7 @@ class RelayConnection:
     def client_data(self, data: bytes) -> None:
         if self.early is not None:
             self.early.append(data)
-            if self.options.backends.split and self.upstream_path is self.options.backends.runtime:
+            if self.options.backends.split and not self.routed:
                 self._route_by_first_call()
             return
         if self.degraded is not None:
@@ -299,8 +300,8 @@ class RelayConnection:
         if path is None:
             return
         service = self.options.methods.lookup(path).service
-        # A new str object even when equal, so that routing is decided only once.
-        self.upstream_path = "".join(self.options.backends.for_service(service))
+        self.routed = True  # decided once, by the connection's first call
+        self.upstream_path = self.options.backends.for_service(service)
         self.route_service_is_image = service == Backends.IMAGE_SERVICE
         self._keep(asyncio.get_running_loop().create_task(self._connect_upstream()))
 
@@ -385,8 +386,6 @@ class RelayConnection:
             self.client_credit += length
             self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
             return b""
-        if flags & frames.FLAG_END_STREAM:
-            stream.client_done = True
         self.up_conn_window -= length
         return None
 
@@ -395,7 +394,6 @@ class RelayConnection:
         if stream is None and sid > self.last_client_stream:
             stream = self._open_stream(sid, headers)
         if stream is not None and flags & frames.FLAG_END_STREAM:
-            stream.client_done = True
             # A request that ends with its headers has no message to hand to the hooks.
             stream.held_request = None
 
@@ -453,7 +451,6 @@ class RelayConnection:
             return b""
         stream.held_request += data[start + lo : start + hi]
         if flags & frames.FLAG_END_STREAM:
-            stream.client_done = True
             self._start_before(stream)
         elif length:
             # The client may still be waiting for stream credit to send the rest.
@@ -541,7 +538,7 @@ class RelayConnection:
             self.upstream_credit += end - start
             trailers_only = not stream.response_headers_seen
             message = _too_large("response", too_big, stream)
-            self._end_stream(stream, grpc_wire.RESOURCE_EXHAUSTED, message, to_client=False)
+            self._end_stream(stream, grpc_wire.RESOURCE_EXHAUSTED, message)
             return status_frame(sid, grpc_wire.RESOURCE_EXHAUSTED, message, trailers_only)
         if stream.response_body is not None:
             stream.response_body += data[start + lo : start + hi]
@@ -656,10 +653,10 @@ class RelayConnection:
     def _end_by_relay(self, stream: Stream, code: int, message: str) -> None:
         """End a call the backend is still working on: error to the client, reset upstream."""
         trailers_only = not stream.response_headers_seen
-        self._end_stream(stream, code, message, to_client=False)
+        self._end_stream(stream, code, message)
         self.u2c.inject(status_frame(stream.id, code, message, trailers_only))
 
-    def _end_stream(self, stream: Stream, code: int, message: str, to_client: bool) -> None:
+    def _end_stream(self, stream: Stream, code: int, message: str) -> None:
         if stream.before_task is not None:
             stream.before_task.cancel()
         self.ended_by_relay.add(stream.id)

@@ -16,7 +16,6 @@ class Stream:
         "after_due",
         "before_task",
         "call",
-        "client_done",
         "held_request",
         "id",
         "intercepted",
@@ -48,7 +47,6 @@ class Stream:
         self.request_sizer = MessageSizer(max_message)
         self.response_sizer = MessageSizer(max_message)
         self.response_headers_seen = False
-        self.client_done = False
         # Intercepted calls only: the request as received, then as sent on.
         self.held_request = bytearray() if call is not None else None
         self.request = b""
