@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+from daemons import Daemon
 from google.protobuf.message import Message
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
@@ -44,15 +45,18 @@ PODS = REPO / "tests" / "data" / "pods"
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 VERSION_PATH = "/runtime.v1.RuntimeService/Version"
 READY_TIMEOUT = 15.0
-STOP_TIMEOUT = 20.0
 MiB = 1024 * 1024
 
 
 # -- the daemon under test -------------------------------------------------------------------
 
 
-class Daemon:
-    """`runtime-proxy serve` as a child process, with its own sd_notify socket and log files."""
+class ProxyDaemon(Daemon):
+    """`runtime-proxy serve` as a child process, with its own sd_notify socket and log files.
+
+    It gets this process's whole environment (RUNTIME_PROXY_* included) but the watchdog's;
+    stdout and stderr go to separate files.
+    """
 
     def __init__(
         self,
@@ -65,56 +69,13 @@ class Daemon:
         use_endpoint_flag: bool = True,
         name: str = "d",
     ) -> None:
-        self.workdir = workdir
         self.endpoint = endpoint or workdir / f"{name}.sock"
         assert len(os.fsencode(str(self.endpoint))) < 100, self.endpoint
-        self.stdout_path = workdir / f"{name}.out"
-        self.stderr_path = workdir / f"{name}.err"
-        self.notify_path = workdir / f"{name}.notify"
-        self.notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify_sock.bind(str(self.notify_path))
-        self.notifications: list[str] = []
         args = [*DAEMON, "serve", "--remote-runtime-endpoint", backend, "--drain-grace", "10"]
         if use_endpoint_flag:
             args += ["--endpoint", f"unix://{self.endpoint}"]
         args += extra_args or []
-        full_env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path), **(env or {})}
-        full_env.pop("WATCHDOG_USEC", None)
-        full_env.pop("WATCHDOG_PID", None)
-        self._out = self.stdout_path.open("wb")
-        self._err = self.stderr_path.open("wb")
-        self.proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err, env=full_env, cwd=workdir
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        """Wait for READY=1 on the notify socket; fail with the daemon's output otherwise."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited with {self.proc.returncode} before READY=1\n{self.output()}")
-            self.notify_sock.settimeout(0.1)
-            try:
-                message = self.notify_sock.recv(4096).decode()
-            except TimeoutError:
-                continue
-            self.notifications.append(message)
-            if "READY=1" in message.splitlines():
-                return
-        raise AssertionError(f"no READY=1 within {timeout}s; got {self.notifications}\n{self.output()}")
-
-    def output(self) -> str:
-        return f"--- stdout ---\n{self.stdout()}\n--- stderr ---\n{self.stderr()}"
-
-    def stdout(self) -> str:
-        return self.stdout_path.read_text(errors="replace")
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
+        super().__init__(workdir, name, args, env, drop_env=("WATCHDOG_USEC", "WATCHDOG_PID"), split_output=True)
 
     def log_records(self) -> list[tuple[str, dict[str, Any]]]:
         """Every stdout line as (priority prefix, JSON object); fails on a line that is neither."""
@@ -125,27 +86,6 @@ class Daemon:
             records.append((match.group(1), json.loads(match.group(2))))
         return records
 
-    def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM and wait; the exit status (SIGKILL and fail if it does not exit)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"daemon did not exit within {timeout}s of SIGTERM\n{self.output()}") from None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-    def close(self) -> None:
-        self.kill()
-        self.notify_sock.close()
-        self._out.close()
-        self._err.close()
-
 
 class Daemons:
     """Starts daemons in one short temp directory; kills whatever is left at the end."""
@@ -153,19 +93,19 @@ class Daemons:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.workdir = Path(tempfile.mkdtemp(prefix="rtpxe2e-", dir="/tmp"))
-        self.started: list[Daemon] = []
+        self.started: list[ProxyDaemon] = []
 
-    def start(self, *, ready: bool = True, backend: str | None = None, **kwargs: Any) -> Daemon:
+    def start(self, *, ready: bool = True, backend: str | None = None, **kwargs: Any) -> ProxyDaemon:
         kwargs.setdefault("name", f"d{len(self.started)}")
-        daemon = Daemon(self.workdir, backend or self.backend, **kwargs)
+        daemon = ProxyDaemon(self.workdir, backend or self.backend, **kwargs)
         self.started.append(daemon)
         if ready:
-            daemon.wait_ready()
+            daemon.wait_ready(READY_TIMEOUT)
         return daemon
 
     def close(self) -> None:
         for daemon in self.started:
-            daemon.close()
+            daemon.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -180,30 +120,30 @@ def daemons(containerd: Containerd) -> Iterator[Daemons]:
 
 
 @pytest.fixture(scope="module")
-def proxy(containerd: Containerd) -> Iterator[Daemon]:
+def proxy(containerd: Containerd) -> Iterator[ProxyDaemon]:
     """One daemon for the module, in front of the test bed; it must drain and exit 0."""
     pool = Daemons(containerd.address)
     try:
         daemon = pool.start(name="proxy")
         yield daemon
         code = daemon.terminate()
-        assert code == 0, f"proxy exited with {code} on SIGTERM\n{daemon.output()}"
+        assert code == 0, f"proxy exited with {code} on SIGTERM\n{daemon.log()}"
         assert "STOPPING=1" in _drain_notifications(daemon)
         assert not daemon.endpoint.exists(), "the socket file outlived the daemon"
     finally:
         pool.close()
 
 
-def _drain_notifications(daemon: Daemon) -> str:
-    daemon.notify_sock.settimeout(0.2)
+def _drain_notifications(daemon: ProxyDaemon) -> str:
+    daemon.notify.settimeout(0.2)
     with contextlib.suppress(TimeoutError):
         while True:
-            daemon.notifications.append(daemon.notify_sock.recv(4096).decode())
+            daemon.notifications.append(daemon.notify.recv(4096).decode())
     return "\n".join(daemon.notifications)
 
 
 @pytest.fixture
-def client(proxy: Daemon) -> Iterator[CriClient]:
+def client(proxy: ProxyDaemon) -> Iterator[CriClient]:
     with CriClient(str(proxy.endpoint), timeout=30.0) as cri:
         yield cri
 
@@ -445,7 +385,7 @@ def test_containerd_restart_under_the_proxy(client: CriClient, containerd: Conta
 
 
 def test_containerd_down_gives_unavailable_then_recovers(
-    client: CriClient, proxy: Daemon, containerd: Containerd
+    client: CriClient, proxy: ProxyDaemon, containerd: Containerd
 ) -> None:
     client.runtime.Version(pb.VersionRequest(), timeout=10)
     containerd.stop_daemon()
@@ -475,7 +415,7 @@ def test_containerd_down_gives_unavailable_then_recovers(
 # -- runtime-proxy play through the proxy ---------------------------------------------------
 
 
-def test_play_creates_and_deletes_a_pod(proxy: Daemon, direct: CriClient, containerd: Containerd) -> None:
+def test_play_creates_and_deletes_a_pod(proxy: ProxyDaemon, direct: CriClient, containerd: Containerd) -> None:
     common = [
         "--endpoint",
         str(proxy.endpoint),
@@ -518,7 +458,7 @@ def test_play_creates_and_deletes_a_pod(proxy: Daemon, direct: CriClient, contai
     assert not direct.runtime.ListContainers(pb.ListContainersRequest(), timeout=10).containers
 
 
-def test_play_rejects_a_malformed_manifest(proxy: Daemon, direct: CriClient) -> None:
+def test_play_rejects_a_malformed_manifest(proxy: ProxyDaemon, direct: CriClient) -> None:
     done = play(str(PODS / "bad-quantity.yaml"), "--endpoint", str(proxy.endpoint))
     assert done.returncode == 2, done
     assert "spec.containers[1].resources.limits.cpu" in done.stderr
@@ -546,8 +486,8 @@ def test_second_daemon_on_the_same_socket_refuses_to_start(daemons: Daemons) -> 
     try:
         code = second.proc.wait(15)
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"second daemon kept running\n{second.output()}") from None
-    assert code == 1, second.output()
+        raise AssertionError(f"second daemon kept running\n{second.log()}") from None
+    assert code == 1, second.log()
     assert str(first.endpoint) in second.stderr()
     assert "READY=1" not in _drain_notifications(second)
     assert first.proc.poll() is None
@@ -583,7 +523,7 @@ def test_sigterm_lets_an_exec_in_flight_finish(daemons: Daemons, containerd: Con
         assert (response.stdout, response.exit_code) == (b"done\n", 0)
         assert time.monotonic() - began >= 2.0
     code = daemon.terminate()
-    assert code == 0, daemon.output()
+    assert code == 0, daemon.log()
     draining = [r for _p, r in daemon.log_records() if r.get("event") == "draining"]
     assert draining and draining[0]["calls_in_flight"] == 1, daemon.stdout()
     drained = [r for _p, r in daemon.log_records() if r.get("event") == "stopped"]
@@ -605,7 +545,7 @@ def test_metrics_count_relayed_calls(daemons: Daemons) -> None:
 
 
 def test_logs_are_json_lines_with_priority_and_lifecycle_calls(
-    client: CriClient, proxy: Daemon, containerd: Containerd
+    client: CriClient, proxy: ProxyDaemon, containerd: Containerd
 ) -> None:
     config = pod_config(containerd, "logged")
     began_wall = datetime.now(UTC)
@@ -660,10 +600,10 @@ def test_second_daemon_with_the_same_metrics_address_names_the_socket(daemons: D
     try:
         code = second.proc.wait(15)
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"second daemon kept running\n{second.output()}") from None
+        raise AssertionError(f"second daemon kept running\n{second.log()}") from None
     assert first.proc.poll() is None
     assert first.terminate() == 0
-    assert code == 1, second.output()
+    assert code == 1, second.log()
     assert str(first.endpoint) in second.stderr(), second.stderr()
     assert "Traceback" not in second.stderr()
 

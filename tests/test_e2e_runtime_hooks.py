@@ -27,11 +27,7 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.request
@@ -39,9 +35,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from daemons import DROP_ENV, Daemon, ProxyAndHooks, eventually
 from prometheus_client.parser import text_string_to_metric_families
 from runtimeproxy.hooks.testkit.resctrl import make_fake_resctrl
 
@@ -51,13 +48,9 @@ from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
-T = TypeVar("T")
-
-PROXY = [sys.executable, "-c", "from runtimeproxy.cli import main; main()"]
 # The hook server, with this process's resctrl "kernel" replaced by the fake (see the module doc).
 HOOKS = [sys.executable, "-c", "import rtpx_e2e_fake_kernel; from runtimeproxy.hooks.cli import main; main()"]
 CGROUP = Path("/sys/fs/cgroup")
-READY_TIMEOUT = 20.0
 STOP_TIMEOUT = 15.0
 REGISTRATION_LATENCY = 5.0  # the proxy polls its hook config directory every 0.2 s
 CALL_TIMEOUT = 60.0
@@ -176,88 +169,6 @@ def write_atomically(path: Path, text: str) -> None:
 # -- the daemons ----------------------------------------------------------------------------------
 
 
-def eventually(check: Callable[[], T | None], timeout: float, context: Callable[[], str] = str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s\n{context()}")
-        time.sleep(0.05)
-
-
-class Service:
-    """A daemon subprocess with its own sd_notify socket, logging JSON lines to a file."""
-
-    def __init__(self, workdir: Path, name: str, args: list[str], env: dict[str, str]) -> None:
-        self.name = name
-        self.log_path = workdir / f"{name}.log"
-        self.notify_path = workdir / f"{name}.notify"
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify.bind(str(self.notify_path))
-        full_env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("RUNTIME_PROXY_", "RUNTIME_HOOKS_", "WATCHDOG_", "RTPX_E2E_"))
-        }
-        full_env.update(env)
-        full_env["NOTIFY_SOCKET"] = str(self.notify_path)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=workdir
-            )
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        self.notify.settimeout(0.1)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.proc.returncode} before READY=1\n{self.log()}")
-            try:
-                message = self.notify.recv(4096).decode()
-            except TimeoutError:
-                continue
-            if "READY=1" in message.splitlines():
-                return
-        raise AssertionError(f"{self.name}: no READY=1 within {timeout}s\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def records(self) -> list[dict[str, Any]]:
-        """The JSON log records so far (lines are ``<N>{json}``, N the journald priority)."""
-        found = []
-        for line in self.log().splitlines():
-            start = line.find("{")
-            if start >= 0:
-                with contextlib.suppress(ValueError):
-                    found.append(json.loads(line[start:]))
-        return found
-
-    def wait_record(self, match: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> dict[str, Any]:
-        return eventually(lambda: next((r for r in self.records() if match(r)), None), timeout, self.log)
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"{self.name} did not exit within {timeout}s of SIGTERM\n{self.log()}") from None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.notify.close()
-
-
 def metric(text: str, name: str, **labels: str) -> float | None:
     """A sample's value in Prometheus exposition text (None when absent)."""
     for family in text_string_to_metric_families(text):
@@ -281,24 +192,19 @@ class ContainerSpec:
     resources: pb.LinuxContainerResources
 
 
-class Node:
+class Node(ProxyAndHooks):
     """The proxy and runtime-hooks in one short temporary directory (socket paths are limited)."""
 
     def __init__(self, containerd: Containerd) -> None:
-        self.containerd = containerd
-        self.workdir = Path(tempfile.mkdtemp(prefix="rtpxrh-", dir="/tmp"))
-        self.config_dir = self.workdir / "hookserver.d"
-        self.proxy_endpoint = self.workdir / "proxy.sock"
-        self.hooks_endpoint = self.workdir / "hooks.sock"
+        super().__init__(containerd, "rtpxrh-", drop_env=(*DROP_ENV, "RTPX_E2E_"), stop_timeout=STOP_TIMEOUT)
         self.policy = self.workdir / "policy.yaml"
         self.resctrl_root = self.workdir / "resctrl"
         self.resctrl = make_fake_resctrl(self.resctrl_root, **FAKE_RESCTRL)
         self.kernel_dir = self.workdir / "kernel"
         self.kernel_dir.mkdir()
         (self.kernel_dir / "rtpx_e2e_fake_kernel.py").write_text(FAKE_KERNEL_MODULE)
-        self.services: list[Service] = []
-        self.proxy: Service | None = None
-        self.hooks: Service | None = None
+        self.proxy: Daemon | None = None
+        self.hooks: Daemon | None = None
         self.metrics_url = ""
         self.parents: list[str] = []  # pod cgroups to remove afterwards
 
@@ -306,53 +212,24 @@ class Node:
 
     def start(self, policy: str, *, extra_plugins: bool = False) -> None:
         write_atomically(self.policy, policy)
-        self.proxy = self._start(
-            "proxy",
-            [
-                *PROXY,
-                "serve",
-                "--endpoint",
-                f"unix://{self.proxy_endpoint}",
-                "--remote-runtime-endpoint",
-                self.containerd.address,
-                "--hook-config-dir",
-                str(self.config_dir),
-                "--cgroup-parent-root",
-                "/" + self.containerd.cgroup_prefix,
-                "--log-format",
-                "json",
-            ],
-            {},
-        )
+        self.proxy = self.start_daemon("proxy", self.proxy_args(), {})
         path = [str(self.kernel_dir)]
         if extra_plugins:
             path.append(str(self._write_extra_plugins()))
         if os.environ.get("PYTHONPATH"):
             path.append(os.environ["PYTHONPATH"])
-        self.hooks = self._start(
+        self.hooks = self.start_daemon(
             "hooks",
-            [
-                *HOOKS,
-                "serve",
-                "--endpoint",
-                f"unix://{self.hooks_endpoint}",
-                "--hook-config-dir",
-                str(self.config_dir),
-                "--cgroup-root",
-                str(CGROUP),
-                "--cgroup-driver",
-                "cgroupfs",  # the test bed's runc runs with SystemdCgroup = false
-                "--resctrl-root",
-                str(self.resctrl_root),
+            self.hooks_args(
+                HOOKS,
+                self.resctrl_root,
                 "--runtime-endpoint",
                 self.containerd.address,
                 "--policy",
                 str(self.policy),
                 "--metrics-address",
                 "127.0.0.1:0",
-                "--log-format",
-                "json",
-            ],
+            ),
             {
                 "PYTHONPATH": os.pathsep.join(path),
                 "RTPX_E2E_FAKE_RESCTRL": json.dumps({"root": str(self.resctrl_root), "options": FAKE_RESCTRL}),
@@ -375,16 +252,9 @@ class Node:
         (dist / "entry_points.txt").write_text(EXTRA_PLUGINS_ENTRY_POINTS)
         return directory
 
-    def _start(self, name: str, args: list[str], env: dict[str, str]) -> Service:
-        service = Service(self.workdir, name, args, env)
-        self.services.append(service)
-        service.wait_ready()
-        return service
-
     def close(self) -> None:
         try:
-            for service in reversed(self.services):
-                service.kill()
+            self.kill_daemons()
         finally:
             try:
                 self.containerd.remove_all_pods()

@@ -10,26 +10,22 @@ in the hook server's log. The example's own test suite runs against the installe
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
 import json
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from daemons import Daemon, ProxyAndHooks
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion, shares_to_weight, weight_to_shares
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
@@ -38,15 +34,10 @@ from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
-T = TypeVar("T")
-
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "rtpx-plugin-envstamp"
 DIST = "rtpx-plugin-envstamp"
-PROXY = [sys.executable, "-c", "from runtimeproxy.cli import main; main()"]
 HOOKS = [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()"]
-READY_TIMEOUT = 20.0
-STOP_TIMEOUT = 20.0
 # The proxy polls its hook config directory every 0.2 s; allow for a loaded machine.
 REGISTRATION_LATENCY = 5.0
 CONTAINER_SHARES = 512
@@ -141,145 +132,24 @@ def test_the_example_test_suite_passes_against_the_installed_package(envstamp_pa
 # -- the daemons ------------------------------------------------------------------------------------
 
 
-class Service:
-    """A daemon subprocess with its own sd_notify socket, logging JSON lines to a file."""
-
-    def __init__(self, workdir: Path, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.log_path = workdir / f"{name}.log"
-        self.notify_path = workdir / f"{name}.notify"
-        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify.bind(str(self.notify_path))
-        # Only what we pass: no RUNTIME_PROXY_* / RUNTIME_HOOKS_* settings or watchdog from outside.
-        full_env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("RUNTIME_PROXY_", "RUNTIME_HOOKS_", "WATCHDOG_"))
-        }
-        full_env.update(env or {})
-        full_env["NOTIFY_SOCKET"] = str(self.notify_path)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=workdir
-            )
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        self.notify.settimeout(0.1)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.name} exited with {self.proc.returncode} before READY=1\n{self.log()}")
-            try:
-                message = self.notify.recv(4096).decode()
-            except TimeoutError:
-                continue
-            if "READY=1" in message.splitlines():
-                return
-        raise AssertionError(f"{self.name}: no READY=1 within {timeout}s\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def records(self) -> list[dict[str, Any]]:
-        """The JSON log records so far (lines are ``<N>{json}``, N the journald priority)."""
-        found = []
-        for line in self.log().splitlines():
-            start = line.find("{")
-            if start >= 0:
-                with contextlib.suppress(ValueError):
-                    found.append(json.loads(line[start:]))
-        return found
-
-    def wait_record(self, match: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> dict[str, Any]:
-        return eventually(lambda: next((r for r in self.records() if match(r)), None), timeout, self.log)
-
-    def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"{self.name} did not exit within {timeout}s of SIGTERM\n{self.log()}") from None
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.notify.close()
-
-
-def eventually(check: Callable[[], T | None], timeout: float, context: Callable[[], str] = str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s\n{context()}")
-        time.sleep(0.05)
-
-
-class Node:
+class Node(ProxyAndHooks):
     """The proxy and the hook server in one short temporary directory (socket paths are limited)."""
 
     def __init__(self, containerd: Containerd) -> None:
-        self.containerd = containerd
-        self.workdir = Path(tempfile.mkdtemp(prefix="rtpxex-", dir="/tmp"))
-        self.config_dir = self.workdir / "hookserver.d"
-        self.proxy_endpoint = self.workdir / "proxy.sock"
-        self.hooks_endpoint = self.workdir / "hooks.sock"
-        self.services: list[Service] = []
+        super().__init__(containerd, "rtpxex-")
 
-    def start_proxy(self) -> Service:
-        args = [
-            *PROXY,
-            "serve",
-            "--endpoint",
-            f"unix://{self.proxy_endpoint}",
-            "--remote-runtime-endpoint",
-            self.containerd.address,
-            "--hook-config-dir",
-            str(self.config_dir),
-            "--cgroup-parent-root",
-            "/" + self.containerd.cgroup_prefix,
-            "--log-format",
-            "json",
-        ]
-        return self._start("proxy", args)
+    def start_proxy(self) -> Daemon:
+        return self.start_daemon("proxy", self.proxy_args())
 
-    def start_hooks(self, *options: str) -> Service:
-        args = [
-            *HOOKS,
-            "serve",
-            "--endpoint",
-            f"unix://{self.hooks_endpoint}",
-            "--hook-config-dir",
-            str(self.config_dir),
-            "--cgroup-root",
-            "/sys/fs/cgroup",
-            "--cgroup-driver",
-            "cgroupfs",  # the test bed's runc runs with SystemdCgroup = false
-            "--resctrl-root",
-            str(self.workdir / "no-resctrl"),
-            "--log-format",
-            "json",
-            *options,
-        ]
+    def start_hooks(self, *options: str) -> Daemon:
+        args = self.hooks_args(HOOKS, self.workdir / "no-resctrl", *options)
         # A server that reconciles lists the live pods from the CRI runtime: the test bed's.
         # (An environment variable, not --runtime-endpoint: a server without it ignores it.)
-        return self._start("hooks", args, {"RUNTIME_HOOKS_RUNTIME_ENDPOINT": self.containerd.address})
-
-    def _start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Service:
-        service = Service(self.workdir, name, args, env)
-        self.services.append(service)
-        service.wait_ready()
-        return service
+        return self.start_daemon("hooks", args, {"RUNTIME_HOOKS_RUNTIME_ENDPOINT": self.containerd.address})
 
     def close(self) -> None:
         try:
-            for service in reversed(self.services):
-                service.kill()
+            self.kill_daemons()
         finally:
             self.containerd.remove_all_pods()
             shutil.rmtree(self.workdir, ignore_errors=True)
