@@ -499,18 +499,7 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"Background load before the runs: {env['background_cpus']:.2f} CPUs busy; during them the machine "
           f"was {env['machine_busy']:.0%} busy")
     print()
-    print("Pod start = RunPodSandbox + CreateContainer + StartContainer, one pod at a time (ms)")
-    head = (f"{'target':<17}{'pods':>5}{'p50':>8}{'mean':>8}{'p90':>8}{'min':>8}{'max':>8}   "
-            f"{'Run p50':>8}{'Create p50':>11}{'Start p50':>10}   p50 per round")
-    print(head)
-    print("-" * len(head))
-    for target in TARGETS:
-        s = series[target]
-        st, steps = s["start"], s["steps"]
-        rounds = " ".join(f"{v:.1f}" for v in s["round_p50_ms"])
-        print(f"{LABELS[target]:<17}{st['n']:>5}{st['p50_ms']:>8.1f}{st['mean_ms']:>8.1f}{st['p90_ms']:>8.1f}"
-              f"{st['min_ms']:>8.1f}{st['max_ms']:>8.1f}   {steps['RunPodSandbox']['p50_ms']:>8.1f}"
-              f"{steps['CreateContainer']['p50_ms']:>11.1f}{steps['StartContainer']['p50_ms']:>10.1f}   {rounds}")
+    print_start_table(series, TARGETS, LABELS)
     print()
     print("Added time, paired (each pod against its neighbour of the other target; mean ± 95% CI):")
     for key, label in COMPARISONS:
@@ -624,3 +613,20 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def print_start_table(series: dict[str, Any], targets: Sequence[str], labels: dict[str, str]) -> None:
+    """The pod-start table: one row a target, with the step p50s and each round's p50."""
+    width = max(len(labels[t]) for t in targets) + 2
+    print("Pod start = RunPodSandbox + CreateContainer + StartContainer, one pod at a time (ms)")
+    head = (f"{'target':<{width}}{'pods':>5}{'p50':>8}{'mean':>8}{'p90':>8}{'min':>8}{'max':>8}   "
+            f"{'Run p50':>8}{'Create p50':>11}{'Start p50':>10}   p50 per round")
+    print(head)
+    print("-" * len(head))
+    for target in targets:
+        s = series[target]
+        st, steps = s["start"], s["steps"]
+        rounds = " ".join(f"{v:.1f}" for v in s["round_p50_ms"])
+        print(f"{labels[target]:<{width}}{st['n']:>5}{st['p50_ms']:>8.1f}{st['mean_ms']:>8.1f}{st['p90_ms']:>8.1f}"
+              f"{st['min_ms']:>8.1f}{st['max_ms']:>8.1f}   {steps['RunPodSandbox']['p50_ms']:>8.1f}"
+              f"{steps['CreateContainer']['p50_ms']:>11.1f}{steps['StartContainer']['p50_ms']:>10.1f}   {rounds}")

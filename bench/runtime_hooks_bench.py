@@ -723,18 +723,7 @@ def print_pod_starts(part: dict[str, Any]) -> None:
     print(f"  background load before the runs: {part['background_cpus']:.2f} CPUs busy; during them the machine was "
           f"{part['machine_busy']:.0%} busy")
     print()
-    print("Pod start = RunPodSandbox + CreateContainer + StartContainer, one pod at a time (ms)")
-    head = (f"{'target':<23}{'pods':>5}{'p50':>8}{'mean':>8}{'p90':>8}{'min':>8}{'max':>8}   "
-            f"{'Run p50':>8}{'Create p50':>11}{'Start p50':>10}   p50 per round")
-    print(head)
-    print("-" * len(head))
-    for target in TARGETS:
-        s = series[target]
-        st, steps = s["start"], s["steps"]
-        rounds = " ".join(f"{v:.1f}" for v in s["round_p50_ms"])
-        print(f"{LABELS[target]:<23}{st['n']:>5}{st['p50_ms']:>8.1f}{st['mean_ms']:>8.1f}{st['p90_ms']:>8.1f}"
-              f"{st['min_ms']:>8.1f}{st['max_ms']:>8.1f}   {steps['RunPodSandbox']['p50_ms']:>8.1f}"
-              f"{steps['CreateContainer']['p50_ms']:>11.1f}{steps['StartContainer']['p50_ms']:>10.1f}   {rounds}")
+    hooks_bench.print_start_table(series, TARGETS, LABELS)
     print()
     print(f"proxy vs direct: p50 {c['start_p50_ratio']:.3f}x, mean {c['start_mean_ratio']:.3f}x; "
           f"paired (each pod against its direct neighbour, mean ± 95% CI): {fmt_paired(c['start_paired'])}")
