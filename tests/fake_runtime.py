@@ -523,8 +523,12 @@ class RawH2Client:
         header_chunks: int = 1,
         data_chunks: int = 1,
         data_step: int | None = None,
+        framed: bool = False,
     ) -> RawResponse:
         """Send one unary request; the ``*_pad`` pad its frames, the ``*_chunks`` split it.
+
+        With ``framed``, ``message`` is sent as the request body as it is (already
+        length-prefixed, or deliberately not), to send malformed bodies.
 
         grpc-core rejects padded frames (grpc/grpc#9779), so padding is for requests that
         the relay itself consumes (intercepted calls), not ones it forwards to a grpc server.
@@ -549,7 +553,7 @@ class RawH2Client:
                 out += frames.frame(frames.HEADERS, flags | (frames.FLAG_END_HEADERS if last else 0), sid, payload)
             else:
                 out += frames.frame(frames.CONTINUATION, frames.FLAG_END_HEADERS if last else 0, sid, piece)
-        body = grpc_wire.encode_message(message)
+        body = message if framed else grpc_wire.encode_message(message)
         step = data_step or max(1, -(-len(body) // data_chunks))
         chunks = [body[i : i + step] for i in range(0, len(body), step)]
         for i, chunk in enumerate(chunks):

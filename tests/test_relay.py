@@ -7,6 +7,7 @@ where it matters, with a direct call to the backend in the same test).
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
 import time
 import urllib.parse
@@ -790,7 +791,10 @@ async def test_interceptor_rejects_the_call(fake: FakeRuntime, sockdir: str) -> 
         await proxy.stop()
 
 
-async def test_interceptor_failure_relays_the_call_unchanged(fake: FakeRuntime, sockdir: str) -> None:
+async def test_interceptor_bug_refuses_the_call(fake: FakeRuntime, sockdir: str) -> None:
+    """An error escaping the interceptor is a bug in the code that applies the failure
+    policies, so nothing says the call may pass unhooked: the relay refuses it."""
+
     async def broken(call: CallContext, request: bytes) -> bytes:
         raise ValueError("hook bug")
 
@@ -798,11 +802,12 @@ async def test_interceptor_failure_relays_the_call_unchanged(fake: FakeRuntime, 
     proxy = await intercepted_proxy(sockdir, fake, hooks)
     try:
         stub = runtime(proxy.channel())
-        await stub.UpdateContainerResources(update_request("c", 7), timeout=CALL_TIMEOUT)
-        (seen,) = fake.calls("UpdateContainerResources")
-        assert seen.request == update_request("c", 7)
-        await eventually(lambda: len(hooks.outcomes) == 1)
-        assert hooks.outcomes[0][2].code == 0
+        error = await rpc_error(stub.UpdateContainerResources(update_request("c", 7), timeout=CALL_TIMEOUT))
+        assert error.code() == grpc.StatusCode.INTERNAL
+        assert "ValueError: hook bug" in (error.details() or "")
+        await stub.Version(pb.VersionRequest(), timeout=CALL_TIMEOUT)  # the connection serves on
+        assert fake.calls("UpdateContainerResources") == []
+        assert hooks.outcomes == []  # never sent on, so there is no after-call
     finally:
         await proxy.stop()
 
@@ -913,7 +918,7 @@ async def test_slow_before_past_the_deadline(fake: FakeRuntime, sockdir: str) ->
         await proxy.stop()
 
 
-async def test_compressed_request_is_relayed_unchanged(fake: FakeRuntime, sockdir: str) -> None:
+async def test_gzip_request_is_decompressed_and_hooked(fake: FakeRuntime, sockdir: str) -> None:
     hooks = ScriptedInterceptor({"UpdateContainerResources"}, grow_by(10))
     proxy = await intercepted_proxy(sockdir, fake, hooks)
     try:
@@ -921,10 +926,9 @@ async def test_compressed_request_is_relayed_unchanged(fake: FakeRuntime, sockdi
         request = pb.UpdateContainerResourcesRequest(container_id="gz", annotations={"a": "b" * 50_000})
         await stub.UpdateContainerResources(request, compression=grpc.Compression.Gzip, timeout=CALL_TIMEOUT)
         (seen,) = fake.calls("UpdateContainerResources")
-        assert seen.request == request  # not rewritten: the hook cannot read a compressed message
-        assert hooks.before_calls == []
-        await eventually(lambda: len(hooks.outcomes) == 1)
-        assert hooks.outcomes[0][2].code == 0
+        assert seen.request.annotations["a"] == "b" * 50_000
+        assert seen.request.annotations["padding"] == "p" * 10  # the hook saw and changed it
+        assert [pb.UpdateContainerResourcesRequest.FromString(r) for _, r in hooks.before_calls] == [request]
     finally:
         await proxy.stop()
 
@@ -1142,3 +1146,40 @@ async def test_metrics_count_rich_error_status_under_its_code(fake: FakeRuntime,
         assert error.code() == grpc.StatusCode.NOT_FOUND
         labels = {"method": "/runtime.v1.RuntimeService/StopContainer", "code": "NOT_FOUND"}
         assert registry.get_sample_value("runtimeproxy_cri_calls_total", labels) == 1
+
+
+def _gzip(body: bytes) -> bytes:
+    return gzip.compress(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "metadata", "reason"),
+    [
+        (grpc_wire.encode_message(update_bytes("a")) + grpc_wire.encode_message(update_bytes("b")),
+         [], "exactly one message, got 2"),
+        (grpc_wire.encode_message(update_bytes("a"))[:-3], [], "not whole length-prefixed"),
+        (grpc_wire.encode_message(b"x" * 40, compressed=True), [("grpc-encoding", "snappy")], "'snappy'"),
+        (grpc_wire.encode_message(b"not gzip", compressed=True), [("grpc-encoding", "gzip")], "does not decompress"),
+        (grpc_wire.encode_message(_gzip(b"\0" * 300_000), compressed=True), [("grpc-encoding", "gzip")],
+         "inflates to over"),
+    ],
+    ids=["two-messages", "truncated", "unknown-encoding", "bad-gzip", "gzip-bomb"],
+)
+async def test_intercepted_request_that_is_not_one_valid_message_is_refused(
+    fake: FakeRuntime, sockdir: str, body: bytes, metadata: list[tuple[str, str]], reason: str
+) -> None:
+    """The hooks could not see such a request, so it never reaches the runtime around them."""
+    hooks = ScriptedInterceptor({"UpdateContainerResources"})
+    proxy = await intercepted_proxy(sockdir, fake, hooks, max_message_size=200_000)
+    client = await RawH2Client().connect(proxy.path)
+    try:
+        answer = await client.call(UPDATE_PATH, body, metadata=metadata, framed=True)
+        assert answer.status == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert reason in urllib.parse.unquote(answer.header("grpc-message") or "")
+        assert hooks.before_calls == []
+        assert fake.calls("UpdateContainerResources") == []
+        assert (await client.call(UPDATE_PATH, update_bytes("fine"))).status == 0
+        assert [c.request.container_id for c in fake.calls("UpdateContainerResources")] == ["fine"]
+    finally:
+        await client.close()
+        await proxy.stop()

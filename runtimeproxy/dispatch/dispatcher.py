@@ -81,6 +81,13 @@ class HookMetrics:
             ["server", "hook", "outcome"],
             registry=reg,
         )
+        self.layer_errors = Counter(
+            "runtimeproxy_hook_layer_errors",
+            "Errors inside the proxy's hook layer, by CRI method and what became of the call: "
+            "refused (a Fail server was subscribed), relayed_unchanged (Ignore only), after_call.",
+            ["method", "action"],
+            registry=reg,
+        )
 
     def record(self, result: HookOutcome) -> None:
         self.duration.labels(result.server, result.point.value).observe(result.seconds)
@@ -99,6 +106,14 @@ class Dispatcher:
 
     def subscribed(self, point: HookPoint) -> bool:
         return bool(self.registry.servers_for(point))
+
+    def fails_closed(self, point: HookPoint) -> bool:
+        """Whether a server subscribed to ``point`` has failure policy Fail."""
+        return any(server.failure_policy == FailurePolicy.FAIL for server in self.registry.servers_for(point))
+
+    def count_layer_error(self, method: str, action: str) -> None:
+        if self.metrics is not None:
+            self.metrics.layer_errors.labels(method, action).inc()
 
     async def run(
         self,
@@ -153,6 +168,9 @@ class Dispatcher:
             return _rpc_failure(exc, done, timeout)
         except Exception as exc:  # an undecodable response, mostly
             return done("invalid", f"{type(exc).__name__}: {exc}")
+        if not isinstance(response, RESPONSE_TYPES[point.kind]):
+            # grpc.aio hands back None when the response deserializer fails.
+            return done("invalid", f"response does not decode as {RESPONSE_TYPES[point.kind].DESCRIPTOR.name}")
         try:
             return done("ok", changes=apply_response(response))
         except InvalidHookOutput as exc:

@@ -38,6 +38,8 @@ class _CallState:
     frame: CallFrame
     keys: tuple[str, ...]
     skipped: bool = False
+    # Set when the hook layer itself failed on this call (logged on the call's line).
+    layer_error: str = ""
     results: list[HookOutcome] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
 
@@ -68,27 +70,76 @@ class HookInterceptor:
         return method.service == RUNTIME_SERVICE and (method.name in HOOKS_BY_METHOD or method.name in STORE_ONLY)
 
     async def before(self, call: CallContext, request: bytes) -> bytes:
+        """Run the pre-hooks; fail closed under a Fail policy, whatever goes wrong.
+
+        A request that is not one valid message is refused: the hooks could not see it, so
+        it must not reach the runtime past them. Any other error in the hook layer (the
+        store, a merge, our own bug) refuses the call when a Fail server is subscribed to
+        the call's hook points, and relays it unchanged (logged and counted) otherwise.
+        """
         name = call.method.name
-        message = call.method.request_type.FromString(request)
+        message = _decode(call, request)
         keys = await self.sequencer.acquire(_keys(name, message))
         try:
-            state = _CallState(await self._frame(name, message), keys)
-            self._calls[id(call)] = state
-            state.skipped = self._skipped(state.frame)
-            point = _hooks(name).pre
-            if point is not None and not state.skipped and self.dispatcher.subscribed(point):
-                state.results += await self._run(point, state.frame, call.deadline)
-            if state.frame.mutable and state.frame.changes:
-                _commit(state.frame)
-                return bytes(state.frame.request.SerializeToString())
-            return request
+            return await self._pre_hooks(call, name, message, request, keys)
         except HookFailed as failed:
             self._end(call, failed.code.value[0], str(failed), failed.result)
             raise RejectCall(failed.code.value[0], str(failed)) from None
+        except Exception as exc:  # the hook layer itself failed
+            return self._failed_inside(call, name, request, keys, exc)
         except BaseException:
-            self._calls.pop(id(call), None)
-            self.sequencer.release(keys)
+            self._forget(call, keys)
             raise
+
+    async def _pre_hooks(
+        self, call: CallContext, name: str, message: Any, request: bytes, keys: tuple[str, ...]
+    ) -> bytes:
+        state = _CallState(CallFrame(name, message), keys)
+        self._calls[id(call)] = state
+        state.frame = await self._frame(name, message)
+        state.skipped = self._skipped(state.frame)
+        point = _hooks(name).pre
+        if point is not None and not state.skipped and self.dispatcher.subscribed(point):
+            state.results += await self._run(point, state.frame, call.deadline)
+        if state.frame.mutable and state.frame.changes:
+            _commit(state.frame)
+            return bytes(state.frame.request.SerializeToString())
+        return request
+
+    def _failed_inside(
+        self, call: CallContext, name: str, request: bytes, keys: tuple[str, ...], exc: Exception
+    ) -> bytes:
+        cause = f"{type(exc).__name__}: {exc}"
+        hooks = _hooks(name)
+        fail_points = [p for p in (hooks.pre, hooks.post) if p is not None and self.dispatcher.fails_closed(p)]
+        state = self._calls.get(id(call))
+        opted_out = state is not None and state.skipped  # the pod's skip label: hooks never apply
+        if fail_points and not opted_out:
+            reason = (
+                f"runtime hook layer error before {name} ({cause}); refused because hook point "
+                f"{fail_points[0].value} has a server with failure policy Fail"
+            )
+            log.error("hook layer failed; call refused", method=name, error=cause, exc_info=exc)
+            self.dispatcher.count_layer_error(name, "refused")
+            self._end_or_forget(call, keys, grpc_wire.INTERNAL, reason)
+            raise RejectCall(grpc_wire.INTERNAL, reason) from None
+        log.error("hook layer failed; call relayed unchanged (no Fail server)", method=name, error=cause, exc_info=exc)
+        self.dispatcher.count_layer_error(name, "relayed_unchanged")
+        if state is not None:  # ``after`` still records the call in the store and logs it
+            state.frame.changes.clear()
+            state.skipped = True
+            state.layer_error = cause
+        return request
+
+    def _end_or_forget(self, call: CallContext, keys: tuple[str, ...], code: int, message: str) -> None:
+        if id(call) in self._calls:
+            self._end(call, code, message, None)
+        else:
+            self.sequencer.release(keys)
+
+    def _forget(self, call: CallContext, keys: tuple[str, ...]) -> None:
+        self._calls.pop(id(call), None)
+        self.sequencer.release(keys)
 
     async def after(self, call: CallContext, request: bytes, outcome: CallOutcome) -> None:
         state = self._calls.get(id(call))
@@ -97,6 +148,11 @@ class HookInterceptor:
         try:
             if outcome.code == grpc_wire.OK:
                 await self._succeeded(call.method, state, outcome.response)
+        except Exception as exc:  # the call has been carried out: report, never raise
+            cause = f"{type(exc).__name__}: {exc}"
+            state.layer_error = cause
+            log.error("hook layer failed after the call", method=call.method.name, error=cause, exc_info=exc)
+            self.dispatcher.count_layer_error(call.method.name, "after_call")
         finally:
             self._end(call, outcome.code, outcome.message, None)
 
@@ -208,6 +264,16 @@ class HookInterceptor:
             store.remove_sandbox(request.pod_sandbox_id)
 
 
+def _decode(call: CallContext, request: bytes) -> Any:
+    """The request as its message type, or the call is refused: hooks must see what runs."""
+    try:
+        return call.method.request_type.FromString(request)
+    except Exception as exc:  # DecodeError, mostly: e.g. strings that are not valid UTF-8
+        reason = f"request is not a valid {call.method.request_type.DESCRIPTOR.full_name}: {exc}"
+        log.warning("request refused", method=call.method.name, reason=reason)
+        raise RejectCall(grpc_wire.INVALID_ARGUMENT, reason) from None
+
+
 def _hooks(name: str) -> CallHooks:
     return HOOKS_BY_METHOD.get(name) or STORE_ONLY[name]
 
@@ -308,9 +374,12 @@ def _log_call(name: str, state: _CallState, code: int, message: str, failed: Hoo
         "hooks": [result.summary() for result in state.results],
         "changes": frame.changes,
     }
-    if state.skipped:
+    if state.layer_error:
+        fields["hook_layer_error"] = state.layer_error
+    elif state.skipped:
         fields["skipped"] = "skip label"
     if code != grpc_wire.OK:
         fields["error"] = message
-    problem = failed is not None or any(result.outcome not in ("ok", "unimplemented") for result in state.results)
+    problem = failed is not None or bool(state.layer_error)
+    problem = problem or any(result.outcome not in ("ok", "unimplemented") for result in state.results)
     (log.warning if problem else log.info)("lifecycle call", **fields)

@@ -464,23 +464,28 @@ class RelayConnection:
 
     async def _run_before(self, stream: Stream) -> None:
         assert stream.held_request is not None and stream.call is not None
-        received = bytes(stream.held_request)
-        messages = grpc_wire.split_messages(received)
-        if messages is None or len(messages) != 1 or messages[0].compressed:
-            log.warning("request not interceptable; relayed unchanged", method=stream.method.path)
-            stream.after_due = True
-            self._send_request(stream, received)
+        try:
+            request = grpc_wire.single_request(
+                bytes(stream.held_request), stream.call.encoding, self.options.max_message_size
+            )
+        except grpc_wire.BadRequest as bad:
+            # The hooks could not see such a request, so it must not reach the runtime past them.
+            log.warning("request refused", method=stream.method.path, reason=str(bad))
+            self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, f"{stream.method.path}: {bad}")
             return
-        request = messages[0].body
         try:
             request = await self.options.interceptor.before(stream.call, request)
         except RejectCall as reject:
             if stream.id in self.streams:
                 self._end_by_relay(stream, reject.code, reject.message)
             return
-        except Exception:
-            # A bug in the hook layer must not stop the node's pods: relay the call unchanged.
-            log.exception("interceptor failed; call relayed unchanged", method=stream.method.path)
+        except Exception as exc:
+            # The interceptor applies the failure policies itself; an error escaping it is a
+            # bug in that very code, so nothing can say the call may pass unhooked: refuse it.
+            log.exception("interceptor failed; call refused", method=stream.method.path)
+            if stream.id in self.streams:
+                self._end_by_relay(stream, grpc_wire.INTERNAL, f"proxy hook layer failed: {type(exc).__name__}: {exc}")
+            return
         if stream.id in self.streams:
             stream.request = request
             stream.after_due = True

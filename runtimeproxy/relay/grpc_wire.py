@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import urllib.parse
+import zlib
 from dataclasses import dataclass
 from typing import Final
 
@@ -23,6 +24,7 @@ CODE_NAMES: Final[dict[int, str]] = {code.value[0]: code.name for code in grpc.S
 OK: Final = 0
 CANCELLED: Final = 1
 UNKNOWN: Final = 2
+INVALID_ARGUMENT: Final = 3
 DEADLINE_EXCEEDED: Final = 4
 RESOURCE_EXHAUSTED: Final = 8
 UNIMPLEMENTED: Final = 12
@@ -75,6 +77,43 @@ def split_messages(payload: bytes) -> list[Message] | None:
         messages.append(Message(bool(flag), payload[offset + PREFIX_LEN : end]))
         offset = end
     return messages
+
+
+class BadRequest(ValueError):
+    """A request body the proxy cannot take as exactly one message; the text says why."""
+
+
+# Encodings a gRPC peer may name in grpc-encoding that the proxy can read.
+_DECOMPRESSORS: Final = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def single_request(payload: bytes, encoding: str, limit: int) -> bytes:
+    """The one message of a unary request, decompressed; BadRequest when it is not that."""
+    messages = split_messages(payload)
+    if messages is None:
+        raise BadRequest("request body is not whole length-prefixed gRPC messages")
+    if len(messages) != 1:
+        raise BadRequest(f"a unary request must carry exactly one message, got {len(messages)}")
+    message = messages[0]
+    if not message.compressed:
+        return message.body
+    return _decompress(message.body, encoding, limit)
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    wbits = _DECOMPRESSORS.get(encoding)
+    if wbits is None:
+        raise BadRequest(f"compressed message with grpc-encoding {encoding!r} (readable: gzip, deflate)")
+    inflater = zlib.decompressobj(wbits)
+    try:
+        plain = inflater.decompress(body, limit + 1)  # bounded: a small bomb cannot take memory
+    except zlib.error as exc:
+        raise BadRequest(f"{encoding} message does not decompress: {exc}") from None
+    if len(plain) > limit:
+        raise BadRequest(f"{encoding} message inflates to over the proxy's limit of {limit} bytes")
+    if not inflater.eof or inflater.unused_data:
+        raise BadRequest(f"{encoding} message is truncated or has trailing bytes")
+    return plain
 
 
 class MessageSizer:

@@ -22,6 +22,11 @@ class CallContext:
     # Absolute deadline on the event loop's clock, from grpc-timeout; None when unset.
     deadline: float | None = None
 
+    @property
+    def encoding(self) -> str:
+        """The request's message encoding (grpc-encoding), "identity" when none was named."""
+        return next((value for name, value in self.metadata if name == "grpc-encoding"), "identity")
+
 
 @dataclass(frozen=True, slots=True)
 class CallOutcome:
