@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.listener import UnixListener, open_unix_listener
 from runtimeproxy.logs import debug_enabled
 from runtimeproxy.metrics import CallMetrics, code_name
@@ -17,7 +18,7 @@ from runtimeproxy.relay.methods import MethodInfo, MethodTable, is_lifecycle
 
 log = structlog.get_logger("runtimeproxy.server")
 
-DEFAULT_MAX_MESSAGE = 16 * 1024 * 1024
+DEFAULT_MAX_MESSAGE = DEFAULT_MAX_MESSAGE_SIZE
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class ProxySettings:
     runtime_backend: str  # socket path of the runtime (containerd)
     image_backend: str | None = None  # socket path of the image service, if elsewhere
     max_message_size: int = DEFAULT_MAX_MESSAGE
+    # Bytes of intercepted requests held at once; None: twice the largest message.
+    held_request_budget: int | None = None
     drain_grace: float = 10.0
     socket_mode: int = 0o660
     socket_dir_mode: int = 0o750
@@ -77,6 +80,7 @@ class ProxyServer:
             interceptor=interceptor,
             observer=CallLog(metrics),
             max_message_size=settings.max_message_size,
+            held_budget=settings.held_request_budget,
         )
         self.connections: set[RelayConnection] = set()
         self._listener: UnixListener | None = None
@@ -113,22 +117,31 @@ class ProxyServer:
         return sum(conn.active_calls for conn in self.connections)
 
     async def shutdown(self, grace: float | None = None) -> None:
-        """Stop accepting, let calls in flight finish (up to ``grace`` seconds), then close."""
+        """Stop accepting, let calls in flight and their post-hooks finish (up to ``grace``
+        seconds), then close; what had to be cut off is counted and logged."""
         grace = self.settings.drain_grace if grace is None else grace
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
             conn.start_drain()
+        after_tasks = self.options.after_tasks
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        while self.active_calls and loop.time() < deadline:
+        while (self.active_calls or after_tasks) and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        left = self.active_calls
+        calls_left = self.active_calls
         for conn in list(self.connections):
-            conn.close()
+            conn.close()  # ends the calls left, which may start more post-call work
+        await asyncio.sleep(0)
+        post_hooks_left = len(after_tasks)
+        for task in list(after_tasks):
+            task.cancel()
+        if after_tasks:
+            await asyncio.wait(list(after_tasks), timeout=1.0)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
         if self._listener is not None:
             self._listener.close()
-        log.info("stopped", calls_cut_off=left)
+        log_stop = log.warning if calls_left or post_hooks_left else log.info
+        log_stop("stopped", calls_cut_off=calls_left, post_call_work_cut_off=post_hooks_left)

@@ -365,6 +365,7 @@ class ProxyUnderTest:
     runtime_backend: str
     image_backend: str | None = None
     max_message_size: int = DEFAULT_MAX_MESSAGE
+    held_request_budget: int | None = None
     interceptor: CallInterceptor | None = None
     metrics: CallMetrics | None = None
     server: ProxyServer | None = None
@@ -380,6 +381,7 @@ class ProxyUnderTest:
             runtime_backend=self.runtime_backend,
             image_backend=self.image_backend,
             max_message_size=self.max_message_size,
+            held_request_budget=self.held_request_budget,
         )
         self.server = ProxyServer(settings, interceptor=self.interceptor, metrics=self.metrics)
         await self.server.start()
@@ -539,11 +541,12 @@ class RawH2Client:
         block = self.request_headers(path, metadata)
         step = -(-len(block) // header_chunks)
         pieces = [block[i : i + step] for i in range(0, len(block), step)]
+        body = message if framed else grpc_wire.encode_message(message)
         out = bytearray()
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
             if i == 0:
-                flags, payload = 0, piece
+                flags, payload = (0 if body else frames.FLAG_END_STREAM), piece  # no body: headers end it
                 if priority:
                     flags |= frames.FLAG_PRIORITY
                     payload = (3).to_bytes(4, "big") + bytes([15]) + payload
@@ -553,7 +556,6 @@ class RawH2Client:
                 out += frames.frame(frames.HEADERS, flags | (frames.FLAG_END_HEADERS if last else 0), sid, payload)
             else:
                 out += frames.frame(frames.CONTINUATION, frames.FLAG_END_HEADERS if last else 0, sid, piece)
-        body = message if framed else grpc_wire.encode_message(message)
         step = data_step or max(1, -(-len(body) // data_chunks))
         chunks = [body[i : i + step] for i in range(0, len(body), step)]
         for i, chunk in enumerate(chunks):

@@ -31,6 +31,7 @@ from fake_runtime import (
     sock,
 )
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as pb_grpc
@@ -1182,4 +1183,79 @@ async def test_intercepted_request_that_is_not_one_valid_message_is_refused(
         assert [c.request.container_id for c in fake.calls("UpdateContainerResources")] == ["fine"]
     finally:
         await client.close()
+        await proxy.stop()
+
+
+async def test_held_request_budget_refuses_past_it_and_gives_back(fake: FakeRuntime, sockdir: str) -> None:
+    """Two 150 KB requests held at once fit no 250 KB budget: the second is refused, with a
+    message that names the budget, and the budget is whole again once calls have ended."""
+    release = asyncio.Event()
+
+    async def wait(call: CallContext, request: bytes) -> bytes:
+        await release.wait()
+        return request
+
+    hooks = ScriptedInterceptor({"CreateContainer"}, wait)
+    proxy = await intercepted_proxy(sockdir, fake, hooks, max_message_size=200_000, held_request_budget=250_000)
+    assert proxy.server is not None
+    held = proxy.server.options.held
+    try:
+        stub = runtime(proxy.channel())
+        first = asyncio.ensure_future(stub.CreateContainer(create_request("first", 150_000), timeout=CALL_TIMEOUT))
+        await eventually(lambda: len(hooks.before_calls) == 1)
+        error = await rpc_error(stub.CreateContainer(create_request("second", 150_000), timeout=CALL_TIMEOUT))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "budget of 250000 bytes" in (error.details() or "")
+        assert held.used > 150_000
+        release.set()
+        await within(first)
+        await eventually(lambda: held.used == 0)
+        await within(stub.CreateContainer(create_request("third", 150_000), timeout=CALL_TIMEOUT))
+        assert [r.request.config.metadata.name for r in fake.calls("CreateContainer")] == ["first", "third"]
+    finally:
+        release.set()
+        await proxy.stop()
+
+
+async def test_request_with_no_message_is_refused_when_intercepted(fake: FakeRuntime, sockdir: str) -> None:
+    hooks = ScriptedInterceptor({"UpdateContainerResources"})
+    proxy = await intercepted_proxy(sockdir, fake, hooks)
+    client = await RawH2Client().connect(proxy.path)
+    try:
+        answer = await client.call(UPDATE_PATH, b"", framed=True)
+        assert answer.status == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "exactly one message" in urllib.parse.unquote(answer.header("grpc-message") or "")
+        assert fake.calls("UpdateContainerResources") == [] and hooks.before_calls == []
+    finally:
+        await client.close()
+        await proxy.stop()
+
+
+async def test_stop_gives_post_call_work_the_grace_and_counts_what_it_cuts(fake: FakeRuntime, sockdir: str) -> None:
+    """Post-hooks run after kubelet has its answer: a stopping proxy waits for them too."""
+    finished: list[str] = []
+
+    class SlowAfter(ScriptedInterceptor):
+        async def after(self, call: CallContext, request: bytes, outcome: CallOutcome) -> None:
+            name = pb.UpdateContainerResourcesRequest.FromString(request).container_id
+            await asyncio.sleep(0.3 if name == "quick" else 30)
+            finished.append(name)
+
+    hooks = SlowAfter({"UpdateContainerResources"})
+    proxy = await intercepted_proxy(sockdir, fake, hooks)
+    assert proxy.server is not None
+    server = proxy.server
+    try:
+        stub = runtime(proxy.channel())
+        await stub.UpdateContainerResources(update_request("quick"), timeout=CALL_TIMEOUT)
+        await stub.UpdateContainerResources(update_request("stuck"), timeout=CALL_TIMEOUT)
+        assert server.active_calls == 0 and len(server.options.after_tasks) == 2
+        with capture_logs() as logs:
+            await server.shutdown(1.0)
+        assert finished == ["quick"]  # given the grace; the stuck one was cut off
+        (stopped,) = [entry for entry in logs if entry["event"] == "stopped"]
+        assert (stopped["calls_cut_off"], stopped["post_call_work_cut_off"]) == (0, 1)
+        assert stopped["log_level"] == "warning"
+        assert not server.options.after_tasks
+    finally:
         await proxy.stop()

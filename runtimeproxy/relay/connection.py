@@ -81,12 +81,17 @@ class RelayOptions:
         interceptor: CallInterceptor,
         observer: CallObserver,
         max_message_size: int,
+        held_budget: int | None = None,
     ) -> None:
         self.backends = backends
         self.methods = methods
         self.interceptor = interceptor
         self.observer = observer
         self.max_message_size = max_message_size
+        self.held = HeldBytes(2 * max_message_size if held_budget is None else held_budget)
+        # ``after`` calls owed to the interceptor, across connections: a stopping proxy
+        # gives them the drain grace and counts those it cuts off.
+        self.after_tasks: set[asyncio.Task[None]] = set()
         self._claims: dict[str, bool] = {}
 
     def intercepts(self, method: MethodInfo) -> bool:
@@ -95,6 +100,30 @@ class RelayOptions:
             claimed = method.unary and self.interceptor.intercepts(method)
             self._claims[method.path] = claimed
         return claimed
+
+
+class HeldBytes:
+    """The bytes of intercepted requests held in memory, across connections, under one budget.
+
+    Each held byte costs several more while the hooks work on it (a copy, the decoded
+    message, the re-encoded request), so many large requests at once could take the node's
+    memory: past the budget, a call is refused with RESOURCE_EXHAUSTED and kubelet retries.
+    """
+
+    __slots__ = ("budget", "used")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.budget:
+            return False
+        self.used += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.used -= size
 
 
 class _Direction:
@@ -181,7 +210,6 @@ class RelayConnection:
         self.streams: dict[int, Stream] = {}
         self.ended_by_relay: set[int] = set()
         self.tasks: set[asyncio.Task[None]] = set()  # cancelled when the connection goes
-        self.after_tasks: set[asyncio.Task[None]] = set()  # owed to the interceptor: never cancelled
         self.preface_left = len(frames.PREFACE)
         # Client bytes that came before the backend connection was settled.
         self.early: list[bytes] | None = []
@@ -393,9 +421,12 @@ class RelayConnection:
         stream = self.streams.get(sid)
         if stream is None and sid > self.last_client_stream:
             stream = self._open_stream(sid, headers)
-        if stream is not None and flags & frames.FLAG_END_STREAM:
-            # A request that ends with its headers has no message to hand to the hooks.
-            stream.held_request = None
+        held = stream is not None and stream.held_request is not None and stream.before_task is None
+        if held and flags & frames.FLAG_END_STREAM:
+            # No message for the hooks (headers only), or request trailers, which gRPC does not
+            # use: the backend would run the call without the hooks having seen a request.
+            assert stream is not None
+            self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, "a unary request must carry exactly one message")
 
     def _open_stream(self, sid: int, headers: list[tuple[str, str]]) -> Stream:
         self.last_client_stream = sid
@@ -443,11 +474,18 @@ class RelayConnection:
     def _hold_request(self, stream: Stream, flags: int, data: bytes, start: int, end: int) -> bytes:
         assert stream.held_request is not None
         length = end - start
+        self.client_credit += length
+        if stream.before_task is not None:
+            # DATA after END_STREAM: forwarding it could hand the backend a request the hooks
+            # never saw, so the call ends here.
+            self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, "DATA after the end of the request")
+            return b""
         lo, hi = frames.data_payload_length(flags, data[start:end])
         too_big = stream.request_sizer.feed(data, start + lo, start + hi)
-        self.client_credit += length
         if too_big is not None:
             self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
+            return b""
+        if not self._hold(stream, hi - lo):
             return b""
         stream.held_request += data[start + lo : start + hi]
         if flags & frames.FLAG_END_STREAM:
@@ -457,6 +495,22 @@ class RelayConnection:
             self.u2c.inject(frames.window_update(stream.id, length))
         return b""
 
+    def _hold(self, stream: Stream, size: int) -> bool:
+        """Count ``size`` more held bytes against the budget, or refuse the call."""
+        held = self.options.held
+        if held.take(size):
+            stream.held_bytes += size
+            return True
+        used, budget = held.used, held.budget
+        log.warning("held-request budget exhausted; call refused", method=stream.method.path, held=used, budget=budget)
+        self._end_by_relay(
+            stream,
+            grpc_wire.RESOURCE_EXHAUSTED,
+            f"the proxy already holds {used} bytes of requests for its hooks, and this one would "
+            f"exceed its budget of {budget} bytes (--held-request-budget); try again",
+        )
+        return False
+
     def _start_before(self, stream: Stream) -> None:
         task = asyncio.get_running_loop().create_task(self._run_before(stream))
         stream.before_task = task
@@ -464,10 +518,11 @@ class RelayConnection:
 
     async def _run_before(self, stream: Stream) -> None:
         assert stream.held_request is not None and stream.call is not None
+        received = bytes(stream.held_request)
+        stream.held_request.clear()  # one copy at a time: large requests are budgeted
         try:
-            request = grpc_wire.single_request(
-                bytes(stream.held_request), stream.call.encoding, self.options.max_message_size
-            )
+            request = grpc_wire.single_request(received, stream.call.encoding, self.options.max_message_size)
+            del received
         except grpc_wire.BadRequest as bad:
             # The hooks could not see such a request, so it must not reach the runtime past them.
             log.warning("request refused", method=stream.method.path, reason=str(bad))
@@ -610,8 +665,8 @@ class RelayConnection:
         outcome = CallOutcome(code=code, message=message, response=response)
         coro = self.options.interceptor.after(stream.call, stream.request, outcome)
         task = asyncio.get_running_loop().create_task(_guarded(coro, stream.method.path))
-        self.after_tasks.add(task)
-        task.add_done_callback(self.after_tasks.discard)
+        self.options.after_tasks.add(task)
+        task.add_done_callback(self.options.after_tasks.discard)
 
     # -- header blocks -----------------------------------------------------------------------
 
@@ -673,6 +728,9 @@ class RelayConnection:
     def _finish(self, stream: Stream, code: int, message: str) -> None:
         if self.streams.pop(stream.id, None) is None:
             return
+        if stream.held_bytes:
+            self.options.held.give_back(stream.held_bytes)
+            stream.held_bytes = 0
         if stream.sending:
             # Never sent, so the backend will never credit these bytes back.
             self.client_credit_debt -= len(stream.pending_out)

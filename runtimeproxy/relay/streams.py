@@ -16,6 +16,7 @@ class Stream:
         "after_due",
         "before_task",
         "call",
+        "held_bytes",
         "held_request",
         "id",
         "intercepted",
@@ -49,6 +50,7 @@ class Stream:
         self.response_headers_seen = False
         # Intercepted calls only: the request as received, then as sent on.
         self.held_request = bytearray() if call is not None else None
+        self.held_bytes = 0  # counted against the relay's held-request budget
         self.request = b""
         self.response_body = bytearray() if call is not None else None
         self.before_task: asyncio.Task[None] | None = None
