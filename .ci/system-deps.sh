@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the end-to-end tests and the demo need: a real
 # containerd with runc, the static busybox the test images are built from, the CNI
-# plugins for pod networking, and iproute2. Idempotent: apt is touched only when a
-# package is missing. Runs unattended (no TTY) as root, or through passwordless sudo.
+# plugins for pod networking, and iproute2. Then makes sure every containerd series the
+# tests cover is there: the system's (bookworm: 1.6) and the other one (trixie: 1.7),
+# fetched from the same Debian mirror and unpacked into a cache directory
+# ($RUNTIMEPROXY_RUNTIME_CACHE, default /var/cache/runtimeproxy-testbed), never installed
+# over the system's (runtimeproxy/testbed/runtimes.py).
+# Idempotent: apt is touched only when a package is missing, the mirror only when the
+# cache lacks a build. Runs unattended (no TTY) as root, or through passwordless sudo.
 set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # systemd provides systemd-analyze, which the unit-file tests run (it starts nothing).
 packages=(containerd runc busybox-static containernetworking-plugins iproute2 systemd)
@@ -14,23 +21,25 @@ for pkg in "${packages[@]}"; do
     [[ $status == "install ok installed" ]] || missing+=("$pkg")
 done
 
-if ((${#missing[@]} == 0)); then
-    echo "system-deps: all present (${packages[*]})"
-    exit 0
-fi
-
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then
     if ! command -v sudo >/dev/null; then
-        echo "system-deps: missing ${missing[*]}; run this script as root" >&2
+        echo "system-deps: must run as root (packages missing: ${missing[*]:-none}; containerd builds to check)" >&2
         exit 1
     fi
-    sudo=(sudo -n --preserve-env=DEBIAN_FRONTEND)
+    sudo=(sudo -n --preserve-env=DEBIAN_FRONTEND,RUNTIMEPROXY_RUNTIME_CACHE)
 fi
 
-export DEBIAN_FRONTEND=noninteractive
-echo "system-deps: installing ${missing[*]}"
-"${sudo[@]}" apt-get update -q
-"${sudo[@]}" apt-get install -y -q --no-install-recommends \
-    -o Dpkg::Use-Pty=0 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
-    "${missing[@]}"
+if ((${#missing[@]} == 0)); then
+    echo "system-deps: all present (${packages[*]})"
+else
+    export DEBIAN_FRONTEND=noninteractive
+    echo "system-deps: installing ${missing[*]}"
+    "${sudo[@]}" apt-get update -q
+    "${sudo[@]}" apt-get install -y -q --no-install-recommends \
+        -o Dpkg::Use-Pty=0 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+        "${missing[@]}"
+fi
+
+# Standard library only: runs before (and without) the package being installed.
+"${sudo[@]}" python3 "$here/../runtimeproxy/testbed/runtimes.py" ensure

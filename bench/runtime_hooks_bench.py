@@ -116,7 +116,7 @@ class RuntimeHooks:
     built-in plugins (all of them, and only them), writing its registration into `hook_dir`."""
 
     def __init__(self, work: Path, name: str, *, hook_dir: Path, cgroup_root: str, resctrl_root: Path,
-                 policy: Path, runtime_endpoint: str = "") -> None:
+                 policy: Path, runtime_endpoint: str = "", pod_root: str = "/kubepods") -> None:
         self.socket = work / name / "hooks.sock"
         self.log_path = work / f"{name}.log"
         self.registration = hook_dir / REGISTRATION_FILE
@@ -128,6 +128,7 @@ class RuntimeHooks:
             "--hook-config-dir", str(hook_dir),
             "--cgroup-root", cgroup_root,
             "--cgroup-driver", "cgroupfs",  # the test bed's runc runs with SystemdCgroup = false
+            "--cgroup-parent-root", pod_root,  # only pod cgroups below it are written
             "--resctrl-root", str(resctrl_root),
             "--policy", str(policy),
             "--runtime-endpoint", runtime_endpoint,  # "": no reconciler
@@ -554,7 +555,8 @@ def run_pod_starts(args: argparse.Namespace, client: HooksClient, work: Path, sc
         proxy_port = free_port()
         proxy.argv += ["--cgroup-parent-root", f"/{bed.cgroup_prefix}", "--metrics-address", f"127.0.0.1:{proxy_port}"]
         server = RuntimeHooks(work, "hooks-pods", hook_dir=work / "proxy-hooks", cgroup_root="/sys/fs/cgroup",
-                              resctrl_root=resctrl, policy=work / "policy.yaml", runtime_endpoint=bed.address)
+                              resctrl_root=resctrl, policy=work / "policy.yaml", runtime_endpoint=bed.address,
+                              pod_root=f"/{bed.cgroup_prefix}/kubepods")
         server.start()  # registers before the proxy starts: the proxy finds it on its first scan
         proxy.start()
         proxy_url = f"http://127.0.0.1:{proxy_port}/metrics"

@@ -27,6 +27,18 @@ path is resolved (symlinks followed) and must still lie under the resolved root;
 with :class:`CgroupPathError`. Files are opened with ``O_NOFOLLOW``; a write is one
 ``write(2)``, as the kernel wants for cgroup files.
 
+**Where writes may go** (:class:`PodRoots`): reads may look anywhere under the root, but
+:meth:`CgroupFS.write` and :meth:`CgroupFS.create_pod_cgroup` change only pod cgroups and
+what lies below them (containers), under the configured pod roots: kubelet's ``/kubepods``
+(cgroupfs driver) and ``kubepods.slice`` (systemd driver) by default, its ``--cgroup-root``
+in front when it has one. A pod cgroup is a proper descendant of a root, other than the
+QoS-class cgroups kubelet keeps right below it (``besteffort``, ``burstable``,
+``kubepods-besteffort.slice``...). Anything else (the root cgroup, ``/system.slice``, a
+root or QoS-class cgroup itself) is refused with :class:`CgroupScopeError`, and so is a
+path that passes through a symlink below the hierarchy root (the kernel makes none there).
+The one write above a pod cgroup is the one kubelet makes too: enabling a controller in an
+ancestor's ``cgroup.subtree_control`` (v2) while the pod cgroup is created.
+
 File names differ between versions; :data:`FILES` maps the settings plugins use to each
 version's file, and the ``set_*`` helpers write the right file in the right format::
 
@@ -49,10 +61,14 @@ import enum
 import errno
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Any, Final, Literal
+
+import structlog
+
+from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
 
 __all__ = [
     "CGROUP_ROOT",
@@ -65,14 +81,18 @@ __all__ = [
     "CgroupError",
     "CgroupFS",
     "CgroupPathError",
+    "CgroupScopeError",
     "CgroupUnsupported",
     "CgroupVersion",
+    "PodRoots",
     "detect_version",
     "expand_slice",
     "parent_path",
     "shares_to_weight",
     "weight_to_shares",
 ]
+
+log = structlog.get_logger("runtimeproxy.hooks.cgroups")
 
 CGROUP_ROOT: Final = "/sys/fs/cgroup"
 
@@ -104,6 +124,10 @@ class CgroupError(Exception):
 
 class CgroupPathError(CgroupError, ValueError):
     """A parent, container id, controller or file name that is malformed or would leave the cgroup root."""
+
+
+class CgroupScopeError(CgroupPathError):
+    """A write to a cgroup that is not a pod's or container's under the pod roots (see PodRoots)."""
 
 
 class CgroupUnsupported(CgroupError):
@@ -229,6 +253,67 @@ def _check_controller(controller: str) -> str:
     return controller
 
 
+# kubelet's QoS-class cgroups right below a pod root (pkg/kubelet/cm qos_container_manager).
+_QOS_CLASS_DIRS: Final = ("besteffort", "burstable")
+
+
+class PodRoots:
+    """The cgroups kubelet's pods live under (``roots``: cgroupfs paths or systemd slice names,
+    both forms as :func:`parent_path` reads a parent); decides which cgroups may be written.
+
+    ValueError for a root that is malformed or is the whole hierarchy (``/``): configuration.
+    """
+
+    def __init__(self, roots: Sequence[str] = DEFAULT_CGROUP_ROOTS) -> None:
+        if isinstance(roots, str):
+            raise TypeError("roots is a sequence of roots, not one string")
+        self.roots = tuple(roots)
+        self._segments = tuple(_root_segments(root) for root in self.roots)
+
+    def __repr__(self) -> str:
+        return f"PodRoots({self.roots!r})"
+
+    def problem(self, parent: str) -> str | None:
+        """Why the cgroup ``parent`` is not a pod cgroup (or one below it) under the roots; None if it is."""
+        try:
+            relative = parent_path(parent)
+        except CgroupPathError as exc:
+            return str(exc)
+        segments = tuple(relative.split("/")) if relative else ()
+        for root, name in zip(self._segments, self.roots, strict=True):
+            below = segments[len(root) :]
+            if segments[: len(root)] != root or not below:
+                continue
+            if len(below) == 1 and below[0] in _qos_class_dirs(root):
+                return f"cgroup parent {parent!r} is the QoS-class cgroup {below[0]!r} under {name!r}, not a pod's"
+            return None
+        if not segments:
+            return f"cgroup parent {parent!r} is the root cgroup, not a pod's"
+        return f"cgroup parent {parent!r} is not below a pod cgroup root ({', '.join(self.roots) or 'none'})"
+
+    def check(self, parent: str) -> None:
+        """CgroupScopeError naming the reason unless ``parent`` may be written (see problem)."""
+        problem = self.problem(parent)
+        if problem is not None:
+            raise CgroupScopeError(f"{problem}: runtime-hooks writes only pod and container cgroups")
+
+
+def _root_segments(root: str) -> tuple[str, ...]:
+    try:
+        relative = parent_path(root)
+    except CgroupPathError as exc:
+        raise ValueError(f"invalid pod cgroup root {root!r}: {exc}") from None
+    if not relative:
+        raise ValueError(f"pod cgroup root {root!r} is the whole hierarchy; name kubelet's (e.g. /kubepods)")
+    return tuple(relative.split("/"))
+
+
+def _qos_class_dirs(root: tuple[str, ...]) -> frozenset[str]:
+    """The QoS-class cgroups' names under ``root``: ``besteffort`` (cgroupfs) or ``kubepods-besteffort.slice``."""
+    stem = root[-1].removesuffix(".slice")
+    return frozenset({*_QOS_CLASS_DIRS, *(f"{stem}-{qos}.slice" for qos in _QOS_CLASS_DIRS)})
+
+
 def _format(value: str | int | bytes) -> bytes:
     if isinstance(value, bool):
         raise TypeError("cgroup values are numbers or strings, not booleans (write 1 or 0)")
@@ -241,12 +326,24 @@ def _format(value: str | int | bytes) -> bytes:
     raise TypeError(f"cgroup values are str, int or bytes, got {type(value).__name__}")
 
 
+def _write_file(path: Path, data: bytes) -> None:
+    """``data`` into the existing file ``path`` with one write(2), as the kernel wants for cgroup files."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        written = os.write(fd, data)
+    finally:
+        os.close(fd)
+    if written != len(data):  # kernfs takes a write whole or fails it; anything else is a surprise
+        raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} bytes", str(path))
+
+
 class CgroupFS:
     """The cgroup hierarchy at ``root``, for ``driver`` (``cgroupfs`` or ``systemd``); see the module doc.
 
     The version is detected on first use (CgroupUnsupported if ``root`` is no cgroup mount)
     and cached; pass ``version`` to skip detection. Methods take the pod's CRI cgroup parent
     and optionally a container id; ``controller`` picks the v1 hierarchy (ignored on v2).
+    Writes go only below ``pod_roots`` (PodRoots; kubelet's defaults when not given).
     """
 
     def __init__(
@@ -255,10 +352,12 @@ class CgroupFS:
         driver: CgroupDriver = "cgroupfs",
         *,
         version: CgroupVersion | None = None,
+        pod_roots: PodRoots | None = None,
     ) -> None:
         if driver not in DRIVERS:
             raise ValueError(f"cgroup driver must be one of {', '.join(DRIVERS)}, got {driver!r}")
         self.root = Path(root)
+        self.pod_roots = pod_roots if pod_roots is not None else PodRoots()
         self._resolved_root: str | None = None
         self.driver: CgroupDriver = driver
         self._version = version
@@ -305,7 +404,7 @@ class CgroupFS:
         The path need not exist; for a container, the first existing runtime naming wins.
         """
         _check_controller(controller)
-        base = self.root / controller if self.version is CgroupVersion.V1 else self.root
+        base = self._hierarchy(controller)
         relative = parent_path(parent)
         directory = base / relative if relative else base
         if container_id is not None:
@@ -314,6 +413,22 @@ class CgroupFS:
         target = directory / _check_file(file) if file is not None else directory
         self._check_inside(target)
         return target
+
+    def pod_path(self, controller: str, parent: str, container_id: str | None = None, file: str | None = None) -> Path:
+        """:meth:`path`, for a cgroup runtime-hooks may change: a pod's or container's under the pod
+        roots, reached without a symlink below the hierarchy root; CgroupScopeError otherwise."""
+        self.pod_roots.check(parent)
+        target = self.path(controller, parent, container_id, file)
+        directory = target.parent if file is not None else target
+        base = self._hierarchy(controller)
+        expected = os.path.join(os.path.realpath(base), directory.relative_to(base))
+        if os.path.realpath(directory) != expected:
+            raise CgroupScopeError(f"{directory} passes through a symlink ({os.path.realpath(directory)})")
+        return target
+
+    def _hierarchy(self, controller: str) -> Path:
+        """The directory of the hierarchy root cgroup that ``controller``'s files are in."""
+        return self.root / controller if self.version is CgroupVersion.V1 else self.root
 
     def _check_inside(self, target: Path) -> None:
         real_root = self._real_root()
@@ -353,16 +468,46 @@ class CgroupFS:
     def write(
         self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None
     ) -> None:
-        """Write ``value`` to ``file`` with one write(2). The file must exist (cgroup files are never created)."""
+        """Write ``value`` to ``file`` with one write(2). The file must exist (cgroup files are never
+        created), in a pod's or container's cgroup (:meth:`pod_path`)."""
         data = _format(value)
-        path = self.path(controller, parent, container_id, file)
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
+        _write_file(self.pod_path(controller, parent, container_id, file), data)
+
+    def create_pod_cgroup(self, parent: str, controller: str = "cpu", *, log: Any = log) -> list[Path]:
+        """Make the pod cgroup ``parent`` and its missing ancestors in ``controller``'s hierarchy, as
+        kubelet names them; the directories made, top first (none when it exists).
+
+        Only a pod cgroup (:meth:`pod_path`); CgroupUnsupported without the hierarchy. On v2 the
+        parent of each new cgroup first gets ``+controller`` in ``cgroup.subtree_control``, as
+        kubelet and runc do, so that the new cgroup has the controller's files; a parent that
+        refuses it is logged, and the cgroup is made all the same.
+        """
+        target = self.pod_path(controller, parent)
+        base = self._hierarchy(controller)
+        if not base.is_dir():
+            raise CgroupUnsupported(f"no {controller} cgroup hierarchy at {base}")
+        parts = target.relative_to(base).parts
+        made: list[Path] = []
+        for depth in range(1, len(parts) + 1):  # each a prefix of target, which pod_path checked
+            directory = base.joinpath(*parts[:depth])
+            if directory.is_dir():
+                continue
+            if self.version is CgroupVersion.V2:
+                self._enable_controller(directory.parent, controller, log)
+            directory.mkdir(exist_ok=True)  # another pod may be making the same ancestor
+            made.append(directory)
+        return made
+
+    def _enable_controller(self, directory: Path, controller: str, log: Any) -> None:
+        control = directory / "cgroup.subtree_control"
+        if not control.is_file():
+            return
+        if controller in control.read_text(encoding="utf-8", errors="replace").split():
+            return
         try:
-            written = os.write(fd, data)
-        finally:
-            os.close(fd)
-        if written != len(data):  # kernfs takes a write whole or fails it; anything else is a surprise
-            raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} bytes", str(path))
+            _write_file(control, f"+{controller}".encode())
+        except OSError as exc:
+            log.warning("cannot enable the controller", controller=controller, cgroup=str(directory), error=str(exc))
 
     def _require(self, controller: str, file: str, parent: str, container_id: str | None) -> None:
         if not self.has_file(controller, file, parent, container_id):

@@ -25,19 +25,26 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from runtimeproxy import __version__
-from runtimeproxy.cli_options import logging_options, metrics_address_option
+from runtimeproxy.cli_options import logging_options, max_message_size_option, metrics_address_option
+from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
 from runtimeproxy.metrics import start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 
-from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS
+from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, PodRoots
 from .policy import DEFAULT_POLICY, Policy, PolicyError, PolicyWatcher, dump_policy, load_policy
 from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl import ResctrlFS
 from .sdk import DiscoveryResult, HookCallFailed, PluginRunner, ServerContext, discover_plugins
-from .server import DEFAULT_ENDPOINT, DEFAULT_HOOK_CONFIG_DIR, RuntimeHooksServer, ServerSettings
+from .server import (
+    DEFAULT_DEREGISTER_GRACE,
+    DEFAULT_ENDPOINT,
+    DEFAULT_HOOK_CONFIG_DIR,
+    RuntimeHooksServer,
+    ServerSettings,
+)
 
 __all__ = ["cli", "main"]
 
@@ -101,6 +108,26 @@ _cgroup_driver_option = click.option(
     show_envvar=True,
     help="The kubelet's cgroup driver: decides how container cgroups are looked up first.",
 )
+
+
+def _pod_roots(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> PodRoots:
+    try:
+        return PodRoots(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+_pod_roots_option = click.option(
+    "--cgroup-parent-root",
+    "cgroup_parent_roots",
+    multiple=True,
+    default=DEFAULT_CGROUP_ROOTS,
+    callback=_pod_roots,
+    show_default=True,
+    show_envvar=True,
+    help="kubelet's pods have their cgroups below these (kubelet's --cgroup-root, then kubepods; "
+    "repeatable): only pod and container cgroups there are written, never a QoS-class or other cgroup.",
+)
 _resctrl_root_option = click.option(
     "--resctrl-root",
     type=click.Path(file_okay=False),
@@ -129,6 +156,7 @@ _resctrl_root_option = click.option(
 )
 @_cgroup_root_option
 @_cgroup_driver_option
+@_pod_roots_option
 @_resctrl_root_option
 @_policy_option("Per-class policy YAML, re-read when it changes.  [default: the built-in policy]")
 @_enable_option
@@ -141,6 +169,16 @@ _resctrl_root_option = click.option(
     help="The CRI runtime (containerd) the reconciler lists the live pods from every "
     "reconciler.interval_seconds of the policy. Empty: no reconciling.",
 )
+@max_message_size_option("Largest hook request or response; give the proxy's --max-message-size.")
+@click.option(
+    "--deregister-grace",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_DEREGISTER_GRACE,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds served on SIGTERM after removing the registration: the proxy rescans its hook "
+    "config directory every 0.2 s and must notice before calls go unanswered.",
+)
 @metrics_address_option(9317)
 @logging_options()
 def serve(
@@ -148,11 +186,14 @@ def serve(
     hook_config_dir: str,
     cgroup_root: str,
     cgroup_driver: CgroupDriver,
+    cgroup_parent_roots: PodRoots,
     resctrl_root: str,
     policy_file: str | None,
     enable: tuple[str, ...],
     disable: tuple[str, ...],
     runtime_endpoint: str,
+    max_message_size: int,
+    deregister_grace: float,
     metrics_address: str,
     log_level: str,
     log_format: str,
@@ -176,7 +217,7 @@ def serve(
     watcher = PolicyWatcher(policy_file, on_change=_fan_out(policy_listeners)) if policy_file else None
     resctrl = ResctrlFS(Path(resctrl_root))
     context = ServerContext(
-        cgroups=CgroupFS(cgroup_root, cgroup_driver),
+        cgroups=CgroupFS(cgroup_root, cgroup_driver, pod_roots=cgroup_parent_roots),
         resctrl=resctrl if resctrl.available() else None,
         policy=(lambda: watcher.current) if watcher is not None else (lambda: DEFAULT_POLICY),
         settings={
@@ -184,6 +225,7 @@ def serve(
             "hook_config_dir": hook_config_dir,
             "cgroup_root": cgroup_root,
             "cgroup_driver": cgroup_driver,
+            "cgroup_parent_roots": cgroup_parent_roots.roots,
             "resctrl_root": resctrl_root,
             "policy_file": policy_file,
             "runtime_endpoint": runtime_endpoint,
@@ -196,7 +238,12 @@ def serve(
         )
     except ValueError as exc:
         _refuse(str(exc))
-    settings = ServerSettings(endpoint=endpoint, hook_config_dir=hook_config_dir or None)
+    settings = ServerSettings(
+        endpoint=endpoint,
+        hook_config_dir=hook_config_dir or None,
+        deregister_grace=deregister_grace,
+        max_message_size=max_message_size,
+    )
     serving = _Serving(runner, settings, watcher, policy_listeners, registry, metrics_address, runtime_endpoint)
     try:
         code = asyncio.run(_serve(serving))
@@ -275,7 +322,7 @@ async def _serve(serving: _Serving) -> int:
         metrics_address = serving.metrics_address
         metrics_server = start_metrics_server(metrics_address, serving.registry) if metrics_address else None
     except BaseException:
-        await server.stop(0)
+        await server.stop(0, 0)  # nothing was served yet: no one to wait for
         if watcher is not None:
             await watcher.stop()
         raise
@@ -373,6 +420,7 @@ def _table(discovery: DiscoveryResult, enabled: set[str]) -> str:
 @_policy_option("Per-class policy YAML laid over the defaults.  [default: the built-in policy]")
 @_cgroup_root_option
 @_cgroup_driver_option
+@_pod_roots_option
 @_resctrl_root_option
 @_enable_option
 @_disable_option
@@ -395,6 +443,7 @@ def explain(
     policy_file: str | None,
     cgroup_root: str,
     cgroup_driver: CgroupDriver,
+    cgroup_parent_roots: PodRoots,
     resctrl_root: str,
     enable: tuple[str, ...],
     disable: tuple[str, ...],
@@ -438,6 +487,7 @@ def explain(
                 cgroup_root=cgroup_root,
                 cgroup_driver=cgroup_driver,
                 resctrl_root=resctrl_root,
+                cgroup_parent_roots=cgroup_parent_roots.roots,
             )
         )
     except ManifestError as exc:

@@ -48,7 +48,16 @@ from runtimeproxy.play.kubelet import PodPlan, build_plan
 from runtimeproxy.play.manifest import load_pod
 
 from . import server as server_mod
-from .cgroups import CGROUP_ROOT, CgroupDriver, CgroupError, CgroupFS, CgroupVersion, parent_path, shares_to_weight
+from .cgroups import (
+    CGROUP_ROOT,
+    CgroupDriver,
+    CgroupError,
+    CgroupFS,
+    CgroupVersion,
+    PodRoots,
+    parent_path,
+    shares_to_weight,
+)
 from .policy import DEFAULT_POLICY, Policy
 from .qos import QoSResolution
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
@@ -213,8 +222,9 @@ class DryRunCgroupFS(CgroupFS):
         *,
         recorder: WriteRecorder,
         version: CgroupVersion | None = None,
+        pod_roots: PodRoots | None = None,
     ) -> None:
-        super().__init__(root, driver, version=version)
+        super().__init__(root, driver, version=version, pod_roots=pod_roots)
         self.recorder = recorder
         self._simulated: set[str] = set()  # relative cgroup paths (ancestors included), all hierarchies
         self._seeded: dict[tuple[str, str], str] = {}  # (relative cgroup, file) -> content
@@ -318,7 +328,7 @@ class DryRunCgroupFS(CgroupFS):
         self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None
     ) -> None:
         text = _cgroup_text(value)
-        path = self.path(controller, parent, container_id, file)
+        path = self.pod_path(controller, parent, container_id, file)  # refused where the real write is
         if not self._file_exists(path):  # as os.open without O_CREAT would fail
             raise FileNotFoundError(errno.ENOENT, "no such cgroup file", str(path))
         self.recorder.record("cgroups", "write", path, text)
@@ -609,7 +619,7 @@ class _Rehearsal:
             for plugin in plugins
         }
         self.recorder = recorder
-        self.cgroup_roots = tuple(cgroup_roots)
+        self.output_rules = protocol.OutputRules(tuple(cgroup_roots))
         self.fail_policy = any(plugin.failure_policy == "fail" for plugin in plugins)
         self.calls: list[CallResult] = []
 
@@ -675,7 +685,7 @@ class _Rehearsal:
             self.refused(call, failed)
         elif not merged.is_empty():
             try:
-                call.changes = protocol.apply_pod_response(pod, server_mod.pod_response(merged), self.cgroup_roots)
+                call.changes = protocol.apply_pod_response(pod, server_mod.pod_response(merged), self.output_rules)
             except protocol.InvalidHookOutput as exc:
                 call.error = f"the proxy would refuse the hook server's answer ({exc}) and relay the call unchanged"
         self.calls.append(call)
@@ -688,7 +698,7 @@ class _Rehearsal:
         elif not merged.is_empty():
             response = server_mod.container_response(merged)
             try:
-                call.changes = protocol.apply_container_response(pod, container, response, self.cgroup_roots)
+                call.changes = protocol.apply_container_response(pod, container, response, self.output_rules)
             except protocol.InvalidHookOutput as exc:
                 call.error = f"the proxy would refuse the hook server's answer ({exc}) and relay the call unchanged"
         self.calls.append(call)
@@ -728,7 +738,7 @@ async def explain_plan(
     """Rehearse ``plan`` with ``plugins`` (enabled ones, any order) against the node's cgroups
     and resctrl, read-only; see the module doc."""
     recorder = WriteRecorder()
-    cgroups = DryRunCgroupFS(cgroup_root, cgroup_driver, recorder=recorder)
+    cgroups = DryRunCgroupFS(cgroup_root, cgroup_driver, recorder=recorder, pod_roots=PodRoots(cgroup_parent_roots))
     probe = DryRunResctrlFS(Path(resctrl_root), recorder=recorder)
     resctrl = probe if probe.available() else None
     node, notes = _node(cgroups, resctrl)

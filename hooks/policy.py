@@ -62,6 +62,7 @@ __all__ = [
     "ReconcilerPolicy",
     "ResctrlClassPolicy",
     "ResctrlPolicy",
+    "TrustPolicy",
     "V1SoftLimit",
     "dump_policy",
     "load_policy",
@@ -350,8 +351,20 @@ class ReconcilerPolicy:
 
 
 @dataclass(frozen=True)
+class TrustPolicy:
+    """What runtime-hooks takes from a pod's own metadata (docs/security.md).
+
+    ``pod_cpuset``: the cpuset in the pod annotation scheduling.koordinator.sh/resource-status
+    pins the containers of pinned classes, and lets the cpu plugin lift their CFS quota; false
+    ignores it (no plugin sees the annotation: hooks/podview.py).
+    """
+
+    pod_cpuset: bool = field(metadata=_meta(_boolean))
+
+
+@dataclass(frozen=True)
 class Policy:
-    """The whole policy: one section per plugin, plus the reconciler's interval."""
+    """The whole policy: one section per plugin, the reconciler's interval, and what is trusted."""
 
     cpu: CPUPolicy
     cpuset: CPUSetPolicy
@@ -359,6 +372,7 @@ class Policy:
     memory: MemoryPolicy
     network: NetworkPolicy
     reconciler: ReconcilerPolicy
+    trust: TrustPolicy
 
 
 ClassPolicy = CPUClassPolicy | CPUSetClassPolicy | ResctrlClassPolicy | MemoryClassPolicy | NetworkBandPolicy

@@ -29,10 +29,15 @@ set them back on its next sync, and the two would take turns overwriting each ot
 
 **Failures.** A runtime that cannot be listed (containerd down or restarting) is logged
 and tried again at the next interval; the previous round's pods stay the reference for
-``gone``. A failing plugin is logged and counted by the runner and does not stop the
-others. ``gone`` is relative to the last successful round and is empty at the first one
-(after a restart nothing is known about earlier rounds): plugins must treat ``pods`` as
-the authoritative list and may drop any state for a pod not in it.
+``gone``. A sandbox or container the runtime has but whose data cannot be decoded (e.g. a
+label that is not UTF-8, which containerd stores and Python's protobuf refuses) is skipped
+alone: the round goes on with the others, the object is logged once (not every round) and
+counted in ``runtimehooks_reconcile_unreadable_objects_total{kind}``; plugins are not
+shown it (its pod is not in ``pods``). A failing plugin is logged and counted by the
+runner and does not stop the others. ``gone`` is relative to the last successful round
+and is empty at the first one (after a restart nothing is known about earlier rounds):
+plugins must treat ``pods`` as the authoritative list and may drop any state for a pod
+not in it.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from runtimeproxy.dispatch.store import (
     ContainerEntry,
     RuntimeLoader,
     SandboxEntry,
+    UnreadableObjectError,
     container_from_list_item,
     describe_error,
     sandbox_from_list_item,
@@ -97,6 +103,7 @@ class LivePods:
 
     pods: tuple[PodInfo, ...] = ()
     containers: Mapping[str, tuple[ContainerInfo, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    unreadable: int = 0  # objects the runtime listed that could not be decoded: skipped
 
     def container_count(self) -> int:
         return sum(len(items) for items in self.containers.values())
@@ -140,15 +147,16 @@ async def list_live_pods(loader: RuntimeLoader) -> LivePods:
 
     Each object is rebuilt by ``loader`` from its verbose status (its create-time config,
     current resources laid over); one the runtime cannot describe is taken from its list
-    item (partial), one removed meanwhile is skipped. Raises grpc.aio.AioRpcError when the
-    runtime cannot be listed or stops answering.
+    item (partial), one removed meanwhile is skipped, one that cannot be decoded is skipped
+    (the loader logs it once). Raises grpc.aio.AioRpcError when the runtime cannot be
+    listed or stops answering.
     """
     ready = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=pb.SANDBOX_READY)))
-    listed_sandboxes = (await loader.stub.ListPodSandbox(ready, timeout=loader.timeout)).items
-    listed_containers = (
-        await loader.stub.ListContainers(pb.ListContainersRequest(), timeout=loader.timeout)
-    ).containers
-    sandboxes = [item for item in listed_sandboxes if item.state == pb.SANDBOX_READY]  # a runtime may ignore filters
+    sandbox_listing = await loader.list_sandboxes(ready)
+    container_listing = await loader.list_containers()
+    listed_containers = container_listing.items
+    # A runtime may ignore filters.
+    sandboxes = [item for item in sandbox_listing.items if item.state == pb.SANDBOX_READY]
     ready_ids = {item.id for item in sandboxes}
     containers = [
         item for item in listed_containers if item.state in _LIVE_CONTAINER_STATES and item.pod_sandbox_id in ready_ids
@@ -156,15 +164,20 @@ async def list_live_pods(loader: RuntimeLoader) -> LivePods:
     gate = asyncio.Semaphore(max(1, loader.concurrency))
     sandbox_entries = await asyncio.gather(*(_bounded(gate, _load_sandbox(loader, item)) for item in sandboxes))
     container_entries = await asyncio.gather(*(_bounded(gate, _load_container(loader, item)) for item in containers))
-    pods = tuple(pod_info(entry) for entry in sandbox_entries if entry is not None)
+    # Forget objects no longer listed (memory stays as small as the runtime's bad objects).
+    loader.unreadable.retain("sandbox", {item.id for item in sandbox_listing.items} | set(sandbox_listing.unreadable))
+    loader.unreadable.retain("container", {item.id for item in listed_containers} | set(container_listing.unreadable))
+    pods = tuple(pod_info(entry) for entry in sandbox_entries if isinstance(entry, SandboxEntry))
     known = {pod.sandbox_id for pod in pods}
     by_sandbox: dict[str, list[ContainerInfo]] = {}
     for c_entry in container_entries:
-        if c_entry is not None and c_entry.sandbox_id in known:
+        if isinstance(c_entry, ContainerEntry) and c_entry.sandbox_id in known:
             by_sandbox.setdefault(c_entry.sandbox_id, []).append(container_info(c_entry))
+    unreadable = sum(isinstance(entry, UnreadableObjectError) for entry in (*sandbox_entries, *container_entries))
     return LivePods(
         pods=pods,
         containers=MappingProxyType({sandbox: tuple(items) for sandbox, items in by_sandbox.items()}),
+        unreadable=unreadable + len(sandbox_listing.unreadable) + len(container_listing.unreadable),
     )
 
 
@@ -173,9 +186,11 @@ async def _bounded(gate: asyncio.Semaphore, work: Awaitable[_T]) -> _T:
         return await work
 
 
-async def _load_sandbox(loader: RuntimeLoader, item: pb.PodSandbox) -> SandboxEntry | None:
+async def _load_sandbox(loader: RuntimeLoader, item: pb.PodSandbox) -> SandboxEntry | UnreadableObjectError | None:
     try:
         return await loader.load_sandbox(item.id)  # None: removed since it was listed
+    except UnreadableObjectError as exc:  # reported by the loader
+        return exc
     except grpc.aio.AioRpcError as exc:
         if exc.code() in _DOWN:
             raise
@@ -183,9 +198,11 @@ async def _load_sandbox(loader: RuntimeLoader, item: pb.PodSandbox) -> SandboxEn
         return sandbox_from_list_item(item)
 
 
-async def _load_container(loader: RuntimeLoader, item: pb.Container) -> ContainerEntry | None:
+async def _load_container(loader: RuntimeLoader, item: pb.Container) -> ContainerEntry | UnreadableObjectError | None:
     try:
         entry = await loader.load_container(item.id)
+    except UnreadableObjectError as exc:  # reported by the loader
+        return exc
     except grpc.aio.AioRpcError as exc:
         if exc.code() in _DOWN:
             raise
@@ -229,6 +246,16 @@ class ReconcileMetrics:
             "Live pods the last successful reconcile round worked on.",
             registry=reg,
         )
+        self.unreadable = Counter(
+            "runtimehooks_reconcile_unreadable_objects",
+            "Sandboxes and containers the runtime has but whose data cannot be decoded (e.g. a label "
+            "that is not UTF-8), by kind: skipped by reconciling, each counted once.",
+            ["kind"],
+            registry=reg,
+        )
+
+    def count_unreadable(self, kind: str) -> None:
+        self.unreadable.labels(kind=kind).inc()
 
 
 # --- the loop --------------------------------------------------------------------------------------
@@ -242,6 +269,7 @@ class RoundResult:
     pods: int = 0
     containers: int = 0
     gone: int = 0
+    unreadable: int = 0
     repaired: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     failures: tuple[PluginFailure, ...] = ()
     error: str = ""
@@ -286,6 +314,8 @@ class Reconciler:
         self.last: RoundResult | None = None
         for plugin in self.reconciling:  # every series exists from the start, at 0
             self.metrics.drift.labels(plugin=plugin)
+        if self._loader is not None:
+            self._loader.unreadable.listeners.append(self.metrics.count_unreadable)
 
     @classmethod
     def for_endpoint(
@@ -343,6 +373,7 @@ class Reconciler:
             pods=len(live.pods),
             containers=live.container_count(),
             gone=len(gone),
+            unreadable=live.unreadable,
             repaired=MappingProxyType(dict(report.repaired)),
             failures=tuple(report.failures),
             seconds=time.perf_counter() - started,
@@ -354,6 +385,7 @@ class Reconciler:
             "pods": result.pods,
             "containers": result.containers,
             "gone": result.gone,
+            "unreadable": result.unreadable,
             "repaired": {name: count for name, count in result.repaired.items() if count},
             "failed": [failure.plugin for failure in result.failures],
             "seconds": round(result.seconds, 3),

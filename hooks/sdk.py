@@ -61,11 +61,12 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.dispatch import merge
+from runtimeproxy.dispatch import limits
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint, parse_hook_point
 from runtimeproxy.metrics import DURATION_BUCKETS
 
 from . import policy as policy_mod
+from .podview import plugin_view
 from .qos import QoSClass, QoSResolution, resolve_qos
 
 if TYPE_CHECKING:
@@ -330,7 +331,7 @@ class ResourceChanges:
             message = resources_to_proto(self)
         except (ValueError, TypeError) as exc:  # e.g. an int out of int64 range
             return [f"resources: {exc}"]
-        return [f"resources: {problem}" for problem in merge.validate_resources(message)]
+        return [f"resources: {problem}" for problem in limits.validate_resources(message)]
 
 
 class EnvChanges:
@@ -376,7 +377,7 @@ class EnvChanges:
                 found.append(f"env: names and values must be str, got {name!r}={value!r}")
         if found:
             return found
-        return [f"env: {problem}" for problem in merge.validate_env(self.encoded())]
+        return [f"env: {problem}" for problem in limits.validate_env(self.encoded())]
 
     def encoded(self) -> list[tuple[str, bytes]]:
         """The changes with values as bytes (surrogateescape undone)."""
@@ -1001,6 +1002,7 @@ class PluginRunner:
         bound = {"hook": point.value, "pod": f"{pod.namespace}/{pod.name}"}
         if container is not None:
             bound["container"] = container.name
+        pod = self._view(pod, policy, log.info, bound)
         for plugin in self._by_point[point]:
             handler = plugin.handler(point)
             assert handler is not None
@@ -1079,8 +1081,10 @@ class PluginRunner:
         it set back. A return value that is not an int >= 0 (or None, for 0) is logged and
         taken as 0; the call still counts as "ok"."""
         report = ReconcileReport()
+        policy = self.context.policy()  # each round: its hook calls have said it at info already
+        viewed = tuple(self._view(pod, policy, log.debug, {"pod": f"{pod.namespace}/{pod.name}"}) for pod in pods)
         given = {
-            "pods": pods,
+            "pods": viewed,
             "containers": MappingProxyType(dict(containers or {})),
             "gone": tuple(gone),
             "gone_containers": MappingProxyType(dict(gone_containers or {})),
@@ -1098,6 +1102,13 @@ class PluginRunner:
                 continue
             report.repaired[plugin.name] = _repair_count(plugin.name, value, self._odd_returns)
         return report
+
+    def _view(self, pod: PodInfo, policy: policy_mod.Policy, say: Any, bound: Mapping[str, str]) -> PodInfo:
+        """``pod`` as the plugins see it (hooks/podview.py), each withheld part said with ``say``."""
+        view, withheld = plugin_view(pod, self.context.cgroups, policy)
+        for reason in withheld:
+            say("withheld from the plugins", reason=reason, **bound)
+        return view
 
     def close(self) -> None:
         """Run no more sync handlers. Their threads are daemon threads: a hung one never delays exit."""

@@ -24,13 +24,24 @@ hook config directory (write to a dotfile, then rename: the proxy never reads ha
 
 ``timeout`` is the longest sum of plugin timeouts at any one hook point plus a margin
 (capped at the proxy's 120 s), so the proxy does not give up on a call while its plugins
-are still within theirs. The file is removed on stop, before the socket closes, so the
-proxy stops calling first. Failure policy Ignore means: when this server fails a call
+are still within theirs. Failure policy Ignore means: when this server fails a call
 (including because of a "fail" plugin), the proxy goes on with the CRI call unchanged.
+
+**Stopping.** ``stop()`` removes the registration file first and keeps serving for
+``deregister_grace`` seconds: the proxy notices a removed file only at its next scan of the
+directory (every 0.2 s, runtimeproxy.dispatch.layer.DEFAULT_POLL_INTERVAL), and a call it
+starts before then must still be answered. Under failure policy Fail an unanswered call
+would refuse the pod. Then it stops accepting calls, lets those in flight finish within
+``stop_grace`` and runs the plugins' on_stop.
+
+**Message size.** The server sends and accepts messages up to ``max_message_size``, by
+default the proxy's own limit (runtimeproxy.limits): a request the proxy relays (a
+CreateContainer with large annotations, say) reaches the plugins whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import grp
 import json
@@ -47,7 +58,9 @@ import structlog
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.dispatch.layer import DEFAULT_POLL_INTERVAL
 from runtimeproxy.dispatch.registry import MAX_TIMEOUT
+from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.listener import UnixListener, open_unix_listener
 
 from .sdk import (
@@ -61,6 +74,7 @@ from .sdk import (
 )
 
 __all__ = [
+    "DEFAULT_DEREGISTER_GRACE",
     "DEFAULT_ENDPOINT",
     "DEFAULT_HOOK_CONFIG_DIR",
     "REGISTRATION_FILE",
@@ -85,11 +99,18 @@ REGISTRATION_FILE: Final = "runtime-hooks.json"
 SERVICE: Final = "runtime.v1alpha1.RuntimeHookService"
 # Added to the plugins' timeouts in the registration: gRPC and conversion overhead.
 TIMEOUT_MARGIN: Final = 0.5
+#: Seconds served after the registration file is gone: five of the proxy's scans of its hook
+#: config directory, so a scan that is late on a busy node still sees the file gone in time.
+DEFAULT_DEREGISTER_GRACE: Final = 5 * DEFAULT_POLL_INTERVAL
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """Where to serve and register. ``hook_config_dir`` None or "": do not register."""
+    """Where to serve and register. ``hook_config_dir`` None or "": do not register.
+
+    ``deregister_grace``: seconds served after unregistering on stop; ``stop_grace``: seconds
+    calls in flight get after that; ``max_message_size``: bytes, both directions.
+    """
 
     endpoint: str = DEFAULT_ENDPOINT
     hook_config_dir: str | None = DEFAULT_HOOK_CONFIG_DIR
@@ -98,6 +119,8 @@ class ServerSettings:
     socket_mode: int = 0o660
     socket_group: str | None = None
     stop_grace: float = 5.0
+    deregister_grace: float = DEFAULT_DEREGISTER_GRACE
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
 
 
 # --- requests -> plugin view ------------------------------------------------------------------
@@ -268,8 +291,9 @@ class RuntimeHooksServer:
     """RuntimeHookService for ``runner``'s plugins on ``settings.endpoint``; see the module doc.
 
     ``start()`` runs the plugins' on_start, takes the socket, serves and registers;
-    ``stop()`` unregisters, stops serving (calls in flight get ``stop_grace`` seconds),
-    runs on_stop and releases the socket. Also an async context manager.
+    ``stop()`` unregisters, serves on for ``deregister_grace`` seconds, stops serving (calls
+    in flight get ``stop_grace`` seconds), runs on_stop and releases the socket. Also an
+    async context manager.
     """
 
     def __init__(self, runner: PluginRunner, settings: ServerSettings | None = None) -> None:
@@ -313,11 +337,15 @@ class RuntimeHooksServer:
             registration=self.registration_path,
         )
 
-    async def stop(self, grace: float | None = None) -> None:
+    async def stop(self, grace: float | None = None, deregister_grace: float | None = None) -> None:
+        """Stop as the class doc says; ``grace`` and ``deregister_grace`` override the settings'."""
         if not self._started:
             return
         self._started = False
-        self._unregister()
+        if self._unregister():
+            wait = self.settings.deregister_grace if deregister_grace is None else deregister_grace
+            log.info("unregistered; serving on until the proxy has noticed", seconds=wait)
+            await asyncio.sleep(wait)
         await self._shutdown(self.settings.stop_grace if grace is None else grace)
         await self.runner.stop()
         log.info("stopped serving runtime hooks", endpoint=self.endpoint)
@@ -331,7 +359,10 @@ class RuntimeHooksServer:
         listener.sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.endpoint)  # ours: we hold the lock and just bound it
-        server = grpc.aio.server()
+        size = self.settings.max_message_size
+        server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+        )
         server.add_generic_rpc_handlers((self._generic_handler(),))
         self._server = server
         old_umask = os.umask(0o177)  # grpc binds in add_insecure_port: owner-only until the chmod below
@@ -378,13 +409,16 @@ class RuntimeHooksServer:
         self.registration_path = write_registration(directory, self.settings.registration_name, content)
         log.info("registered with the proxy", path=self.registration_path, hooks=content["runtime-hooks"])
 
-    def _unregister(self) -> None:
+    def _unregister(self) -> bool:
+        """Remove our registration file; whether there was one (the proxy may still be calling)."""
         path, self.registration_path = self.registration_path, None
-        if path is not None:
-            try:
-                remove_registration(path, self.endpoint)
-            except OSError as exc:
-                log.warning("cannot remove registration file", path=path, error=str(exc))
+        if path is None:
+            return False
+        try:
+            remove_registration(path, self.endpoint)
+        except OSError as exc:
+            log.warning("cannot remove registration file", path=path, error=str(exc))
+        return True
 
     # -- RPCs --
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import re
 import signal
 import sys
 from typing import ClassVar
@@ -14,36 +13,23 @@ import structlog
 import uvloop
 
 from runtimeproxy import __version__
-from runtimeproxy.cli_options import logging_options, metrics_address_option
+from runtimeproxy.cli_options import logging_options, max_message_size_option, metrics_address_option
+from runtimeproxy.cli_options import size_callback as _size_option
 from runtimeproxy.dispatch.interceptor import DEFAULT_SKIP_LABEL
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS, HookLayer, HookSettings
+from runtimeproxy.dispatch.merge import CgroupDriver
 from runtimeproxy.endpoints import EndpointError, socket_path
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
+from runtimeproxy.malloc import return_large_blocks_to_the_kernel
 from runtimeproxy.metrics import CallMetrics, start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
-from runtimeproxy.server import DEFAULT_MAX_MESSAGE, ProxyServer, ProxySettings
+from runtimeproxy.server import ProxyServer, ProxySettings
 
 log = structlog.get_logger("runtimeproxy.cli")
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?)?B?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
-MIN_MESSAGE_SIZE = 4 * 1024 * 1024
-
-
-def parse_size(text: str) -> int:
-    """Bytes from "16777216", "16Mi", "16MiB" or "16M"."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a size (examples: 16777216, 16Mi, 32MiB)")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
-
-
-def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+def _optional_size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    return None if value is None else _size_option(ctx, param, value)
 
 
 def _endpoint_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -135,6 +121,15 @@ def cli() -> None:
     show_envvar=True,
     help="Cgroup parents a hook may set must stay under one of these (repeatable).",
 )
+@click.option(
+    "--cgroup-driver",
+    type=click.Choice(["auto", "systemd", "cgroupfs"]),
+    default="auto",
+    show_default=True,
+    show_envvar=True,
+    help="The form of cgroup parent a hook may set: systemd slices or cgroupfs paths. auto: the form kubelet "
+    "used for the pod (a pod without a cgroup parent then accepts none).",
+)
 @metrics_address_option(9316)
 @logging_options("debug also logs every relayed call that is not a lifecycle call.")
 @click.option(
@@ -143,13 +138,17 @@ def cli() -> None:
     show_envvar=True,
     help="Group (name or gid) owning the socket; members may call the proxy.  [default: root's]",
 )
+@max_message_size_option(
+    "Largest request or response message relayed, and sent to or accepted from a hook server; "
+    "a larger one ends its call with RESOURCE_EXHAUSTED. Give runtime-hooks the same."
+)
 @click.option(
-    "--max-message-size",
-    callback=_size_option,
-    default=str(DEFAULT_MAX_MESSAGE),
-    show_default="16Mi",
+    "--held-request-budget",
+    callback=_optional_size_option,
+    default=None,
+    show_default="twice --max-message-size",
     show_envvar=True,
-    help="Largest request or response message relayed; larger ones end with RESOURCE_EXHAUSTED.",
+    help="Bytes of requests held for the hooks at once; calls past it end with RESOURCE_EXHAUSTED.",
 )
 @click.option(
     "--drain-grace",
@@ -166,22 +165,23 @@ def serve(
     hook_config_dir: str,
     skip_hook_label: str,
     cgroup_parent_roots: tuple[str, ...],
+    cgroup_driver: CgroupDriver,
     metrics_address: str,
     log_level: str,
     log_format: str,
     socket_group: str | None,
     max_message_size: int,
+    held_request_budget: int | None,
     drain_grace: float,
 ) -> None:
     """Serve the CRI on ENDPOINT and relay it to the runtime."""
-    if max_message_size < MIN_MESSAGE_SIZE:
-        raise click.BadParameter(f"must be at least {MIN_MESSAGE_SIZE} bytes", param_hint="--max-message-size")
     configure_logging(log_level.lower(), log_format.lower())
     settings = ProxySettings(
         endpoint=endpoint,
         runtime_backend=remote_runtime_endpoint,
         image_backend=remote_image_endpoint,
         max_message_size=max_message_size,
+        held_request_budget=held_request_budget,
         drain_grace=drain_grace,
         socket_group=socket_group,
     )
@@ -194,6 +194,8 @@ def serve(
         skip_label=key,
         skip_value=value,
         cgroup_roots=cgroup_parent_roots,
+        cgroup_driver=cgroup_driver,
+        max_message_size=max_message_size,
     )
     try:
         code = uvloop.run(_serve(settings, hooks, metrics_address))
@@ -206,6 +208,7 @@ def serve(
 
 
 async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_address: str) -> int:
+    return_large_blocks_to_the_kernel()
     metrics = CallMetrics()
     hooks = HookLayer(hook_settings)
     server = ProxyServer(settings, interceptor=hooks.interceptor, metrics=metrics)

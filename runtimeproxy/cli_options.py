@@ -2,14 +2,55 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
+from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE, MIN_MESSAGE_SIZE
 from runtimeproxy.logs import FORMATS
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?)?B?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "16777216", "16Mi", "16MiB" or "16M"."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size (examples: 16777216, 16Mi, 32MiB)")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+
+
+def size_callback(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """A click callback turning a size option's text into bytes (parse_size)."""
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _message_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    size = size_callback(ctx, param, value)
+    if size < MIN_MESSAGE_SIZE:
+        raise click.BadParameter(f"must be at least {MIN_MESSAGE_SIZE} bytes (4Mi), got {size}")
+    return size
+
+
+def max_message_size_option(help_text: str) -> Callable[[_F], _F]:
+    """--max-message-size: the same option, default and parsing in both daemons, so that the
+    proxy never hands a hook server a request the hook server refuses."""
+    return click.option(
+        "--max-message-size",
+        callback=_message_size,
+        default=str(DEFAULT_MAX_MESSAGE_SIZE),
+        show_default="16Mi",
+        show_envvar=True,
+        help=help_text,
+    )
 
 
 def metrics_address_option(example_port: int) -> Callable[[_F], _F]:

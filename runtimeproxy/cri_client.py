@@ -16,10 +16,11 @@ from typing import Any
 import grpc
 
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc
+from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "CriClient", "grpc_target"]
 
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = DEFAULT_MAX_MESSAGE_SIZE
 
 
 def grpc_target(endpoint: str) -> str:

@@ -52,7 +52,7 @@ def run_demo(manifest: Path, keep_seconds: float) -> int:
         daemons: list[subprocess.Popen[bytes]] = []
         try:
             hooks_socket = workdir / "hooks.sock"
-            daemons.append(_start_hooks(hooks_socket, hook_dir, bed.address))
+            daemons.append(_start_hooks(hooks_socket, hook_dir, bed.address, f"/{bed.cgroup_prefix}/kubepods"))
             _wait_for(daemons[-1], hook_dir / "runtime-hooks.json", "runtime-hooks")
             proxy_socket = workdir / "proxy.sock"
             daemons.append(_start_proxy(proxy_socket, bed.address, hook_dir, "/" + bed.cgroup_prefix))
@@ -78,9 +78,9 @@ def _start_proxy(socket: Path, backend: str, hook_dir: Path, cgroup_root: str) -
     return subprocess.Popen([*args, "--log-level", "debug", "--log-format", "console"], cwd=socket.parent)
 
 
-def _start_hooks(socket: Path, hook_dir: Path, runtime: str) -> subprocess.Popen[bytes]:
+def _start_hooks(socket: Path, hook_dir: Path, runtime: str, pod_root: str) -> subprocess.Popen[bytes]:
     args = [*HOOKS_CLI, "serve", "--endpoint", str(socket), "--hook-config-dir", str(hook_dir)]
-    args += ["--runtime-endpoint", runtime, "--cgroup-root", "/sys/fs/cgroup"]
+    args += ["--runtime-endpoint", runtime, "--cgroup-root", "/sys/fs/cgroup", "--cgroup-parent-root", pod_root]
     return subprocess.Popen([*args, "--log-format", "console"], cwd=socket.parent)
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "DURATION_BUCKETS",
     "CallMetrics",
     "MetricsServer",
+    "StoreMetrics",
     "code_name",
     "format_address",
     "parse_address",
@@ -96,6 +97,22 @@ class CallMetrics:
             hist = self.duration.labels(method=method)
             self._duration_children[method] = hist
         hist.observe(seconds)
+
+
+class StoreMetrics:
+    """The hook layer's pod/container store (dispatch/store.py), in ``registry`` (default: global)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.unreadable = Counter(
+            "runtimeproxy_store_unreadable_objects",
+            "Sandboxes and containers the runtime has but whose data cannot be decoded (e.g. a label "
+            "that is not UTF-8), by kind: skipped by the store, each counted once.",
+            ["kind"],
+            registry=REGISTRY if registry is None else registry,
+        )
+
+    def count_unreadable(self, kind: str) -> None:
+        self.unreadable.labels(kind=kind).inc()
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -206,6 +206,8 @@ class ProxyAndHooks:
             "/sys/fs/cgroup",
             "--cgroup-driver",
             "cgroupfs",  # the test bed's runc runs with SystemdCgroup = false
+            "--cgroup-parent-root",
+            f"/{self.containerd.cgroup_prefix}/kubepods",  # where the test bed's pods are
             "--resctrl-root",
             str(resctrl_root),
             "--log-format",

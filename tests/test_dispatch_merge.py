@@ -11,15 +11,14 @@ from hypothesis import strategies as st
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.dispatch.merge import (
-    MAX_CPUSET_ID,
-    format_cpuset,
+    CgroupDriver,
+    CgroupForm,
     merge_env,
     merge_map,
     merge_resources,
-    parse_cpuset,
+    parent_form,
+    pod_cgroup_driver,
     validate_cgroup_parent,
-    validate_env,
-    validate_resources,
 )
 
 keys = st.text(alphabet="abcdefgh_/.", min_size=1, max_size=6)
@@ -110,12 +109,6 @@ def test_merge_env_is_idempotent(env: list[tuple[str, bytes]], changes: list[tup
     assert made == {}
 
 
-def test_validate_env() -> None:
-    assert validate_env([("A", b"x=y"), ("B", "")]) == []
-    problems = validate_env([("", b""), ("A=B", b""), ("A\0", ""), ("C", b"\0"), ("D", "a\0")])
-    assert len(problems) == 5
-
-
 # --- merge_resources ---------------------------------------------------------------------------
 
 SCALARS = (
@@ -194,190 +187,37 @@ def test_merge_resources_reports_changes() -> None:
     assert target.oom_score_adj == 5  # 0 in the answer: cannot reset it
 
 
-# --- cpusets -----------------------------------------------------------------------------------
-
-cpu_sets = st.frozensets(st.integers(min_value=0, max_value=MAX_CPUSET_ID), max_size=40) | st.frozensets(
-    st.integers(min_value=0, max_value=70), max_size=60
-)
-
-
-@given(cpu_sets)
-def test_cpuset_round_trip_and_output_validates(cpus: frozenset[int]) -> None:
-    text = format_cpuset(cpus)
-    assert parse_cpuset(text) == cpus
-    assert validate_resources(hook.LinuxContainerResources(cpuset_cpus=text, cpuset_mems=text)) == []
-    assert format_cpuset(parse_cpuset(text)) == text  # canonical
-
-
-@pytest.mark.parametrize(
-    ("cpus", "text"),
-    [(set(), ""), ({0}, "0"), ({0, 1}, "0-1"), ({0, 1, 2, 5}, "0-2,5"), ({7, 3, 4, 9, 10, 11}, "3-4,7,9-11")],
-)
-def test_format_cpuset(cpus: set[int], text: str) -> None:
-    assert format_cpuset(cpus) == text
-
-
-@pytest.mark.parametrize(
-    ("text", "cpus"), [("0", {0}), ("0-3", {0, 1, 2, 3}), ("3,1-2,2", {1, 2, 3}), ("5-5", {5}), ("007", {7})]
-)
-def test_parse_cpuset(text: str, cpus: set[int]) -> None:
-    assert parse_cpuset(text) == cpus
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "0,",
-        ",0",
-        "0,,1",
-        " 0",
-        "0 ",
-        "0 - 3",
-        "-1",
-        "3-1",
-        "a",
-        "1-",
-        "0-31:2/8",
-        "٣",
-        "1_0",
-        "+1",
-        "65536",
-        "0-65536",
-        "0x1",
-        "1.0",
-    ],
-)
-def test_parse_cpuset_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_cpuset(text)
-
-
-def test_cpuset_upper_bound_edge() -> None:
-    assert parse_cpuset(str(MAX_CPUSET_ID)) == {MAX_CPUSET_ID}
-    with pytest.raises(ValueError):
-        format_cpuset([MAX_CPUSET_ID + 1])
-    with pytest.raises(ValueError):
-        format_cpuset([-1])
-
-
-# --- validate_resources --------------------------------------------------------------------------
-
-
-def problems_for(**fields: object) -> list[str]:
-    return validate_resources(hook.LinuxContainerResources(**fields))  # type: ignore[arg-type]
-
-
-def test_unset_resources_are_valid() -> None:
-    assert validate_resources(hook.LinuxContainerResources()) == []
-
-
-@pytest.mark.parametrize(
-    ("field", "good", "bad"),
-    [
-        ("cpu_period", [1000, 100_000, 1_000_000], [999, 1_000_001, -1]),
-        ("cpu_quota", [-1, 1000, 10**12], [-2, 1, 999]),
-        ("cpu_shares", [2, 1024, 262_144], [1, 262_145, -1]),
-        ("oom_score_adj", [-1000, -1, 1, 1000], [-1001, 1001]),
-        ("memory_limit_in_bytes", [1, 2**63 - 1], [-1, -(2**63)]),
-        ("memory_swap_limit_in_bytes", [-1, 1, 2**63 - 1], [-2, -(2**63)]),
-        ("cpuset_cpus", ["0", "0-65535", "1,3-4"], ["0-", "a", "65536", "1 ,2"]),
-        ("cpuset_mems", ["0", "0-1"], ["1-0", " "]),
-    ],
-)
-def test_validation_bounds(field: str, good: list[object], bad: list[object]) -> None:
-    for value in good:
-        assert problems_for(**{field: value}) == [], value
-    for value in bad:
-        [problem] = problems_for(**{field: value})
-        assert field in problem, problem
-
-
-def test_swap_must_not_be_below_memory_when_both_are_set() -> None:
-    assert problems_for(memory_limit_in_bytes=100, memory_swap_limit_in_bytes=100) == []
-    assert problems_for(memory_limit_in_bytes=100, memory_swap_limit_in_bytes=-1) == []
-    [problem] = problems_for(memory_limit_in_bytes=100, memory_swap_limit_in_bytes=99)
-    assert "below memory_limit_in_bytes" in problem
-
-
-@pytest.mark.parametrize(
-    "key", ["memory.high", "cpu.max", "io.weight", "memory.oom.group", "hugetlb.2MB.max", "cpu.uclamp.min", "rdma.max"]
-)
-def test_unified_keys_accepted(key: str) -> None:
-    assert problems_for(unified={key: "1"}) == []
-
-
-@pytest.mark.parametrize(
-    "key",
-    [
-        "memory",
-        "",
-        ".high",
-        "memory.",
-        "memory..high",
-        "../memory.high",
-        "memory/high",
-        "a/memory.high",
-        "Memory.high",
-        "memory.high ",
-        "cgroup.procs",
-        "cgroup.kill",
-        "memory.hi\nh",
-    ],
-)
-def test_unified_keys_rejected(key: str) -> None:
-    [problem] = problems_for(unified={key: "1"})
-    assert repr(key) in problem
-
-
-def test_unified_value_nul_rejected() -> None:
-    assert problems_for(unified={"memory.high": "1\0"}) != []
-
-
-@pytest.mark.parametrize("size", ["2MB", "1GB", "64KB", "16GB", "512MB", "1TB"])
-def test_hugepage_sizes_accepted(size: str) -> None:
-    assert problems_for(hugepage_limits=[hook.HugepageLimit(page_size=size, limit=1)]) == []
-
-
-@pytest.mark.parametrize("size", ["", "2mb", "2M", "2 MB", "0MB", "3MB", "02MB", "2MiB", "-2MB", "MB"])
-def test_hugepage_sizes_rejected(size: str) -> None:
-    [problem] = problems_for(hugepage_limits=[hook.HugepageLimit(page_size=size, limit=1)])
-    assert "page_size" in problem
-
-
-def test_hugepage_duplicate_sizes_rejected() -> None:
-    limits = [hook.HugepageLimit(page_size="2MB", limit=1), hook.HugepageLimit(page_size="2MB", limit=2)]
-    assert problems_for(hugepage_limits=limits) == ["hugepage page_size listed more than once: 2MB"]
-
-
-def test_all_problems_are_reported() -> None:
-    assert len(problems_for(cpu_period=1, cpu_shares=1, cpuset_cpus="x", unified={"a/b": ""})) == 4
-
-
 # --- validate_cgroup_parent -----------------------------------------------------------------------
 
 ROOTS = ["/kubepods"]
+DEFAULT_ROOTS = ["/kubepods", "kubepods.slice"]
+
+
+def check(parent: str, roots: list[str] = ROOTS) -> str | None:
+    """The path rules alone: under the driver the parent's own form is written for."""
+    return validate_cgroup_parent(parent, roots, parent_form(parent) or "cgroupfs")
 
 
 @pytest.mark.parametrize(
     "parent",
     [
-        "/kubepods",
         "/kubepods/burstable",
         "/kubepods/burstable/pod1",
-        "kubepods.slice",
         "kubepods-burstable.slice",
         "kubepods-burstable-pod1_2.slice",
         "/kubepods/a b",
     ],
 )
 def test_cgroup_parent_accepted(parent: str) -> None:
-    assert validate_cgroup_parent(parent, ROOTS) is None
+    assert check(parent) is None
 
 
 @pytest.mark.parametrize(
     ("parent", "reason"),
     [
         ("", "empty"),
+        ("/kubepods", "not under an allowed root"),  # the root itself is no pod's cgroup
+        ("kubepods.slice", "not a slice of an allowed root"),
         ("/kubepodsX", "not under an allowed root"),
         ("/kubepodsX/burstable", "not under an allowed root"),
         ("/", "not under an allowed root"),
@@ -389,6 +229,7 @@ def test_cgroup_parent_accepted(parent: str) -> None:
         ("/kubepods/..", "not a normalized path"),
         ("//kubepods", "not a normalized path"),
         ("/kubepods/" + "a" * 256, "longer than 255"),
+        ("/kubepods" + "/a" * 2000, "longer than 3840 bytes"),
         ("kubepods", "neither an absolute cgroupfs path nor a systemd slice name"),
         ("kubepods/burstable", "neither"),
         ("../kubepods", "neither"),
@@ -407,9 +248,69 @@ def test_cgroup_parent_accepted(parent: str) -> None:
     ],
 )
 def test_cgroup_parent_rejected(parent: str, reason: str) -> None:
-    problem = validate_cgroup_parent(parent, ROOTS)
+    problem = check(parent)
     assert problem is not None
     assert reason in problem
+
+
+def test_long_parents_are_cut_in_messages() -> None:
+    problem = check("/elsewhere/" + "x" * 5000)
+    assert problem is not None and len(problem) < 300 and "...(+4951 chars)" in problem
+
+
+# -- the node's cgroup driver --
+
+
+@pytest.mark.parametrize(
+    ("parent", "form"),
+    [
+        ("/kubepods/burstable/pod1", "cgroupfs"),
+        ("/", "cgroupfs"),
+        ("kubepods-burstable-pod1.slice", "systemd"),
+        ("kubepods", None),
+        ("kubepods/x.slice", None),
+        ("", None),
+    ],
+)
+def test_parent_form(parent: str, form: str | None) -> None:
+    assert parent_form(parent) == form
+
+
+@pytest.mark.parametrize(
+    ("driver", "pod_parent", "wanted"),
+    [
+        ("auto", "/kubepods/besteffort/pod1", "cgroupfs"),
+        ("auto", "kubepods-besteffort-pod1.slice", "systemd"),
+        ("auto", "", None),  # no parent from kubelet: unknown
+        ("auto", "weird", None),
+        ("systemd", "/kubepods/besteffort/pod1", "systemd"),  # the configured driver wins
+        ("cgroupfs", "", "cgroupfs"),
+    ],
+)
+def test_pod_cgroup_driver(driver: CgroupDriver, pod_parent: str, wanted: str | None) -> None:
+    assert pod_cgroup_driver(driver, pod_parent) == wanted
+
+
+def test_the_other_form_is_refused() -> None:
+    # The escape of issue 7: a slice answered on a cgroupfs node landed outside /kubepods.
+    problem = validate_cgroup_parent("kubepods-besteffort.slice", DEFAULT_ROOTS, "cgroupfs")
+    assert problem is not None and "systemd slice" in problem and "cgroupfs cgroup driver" in problem
+    problem = validate_cgroup_parent("/kubepods/besteffort", DEFAULT_ROOTS, "systemd")
+    assert problem is not None and "cgroupfs path" in problem and "systemd cgroup driver" in problem
+    assert validate_cgroup_parent("/kubepods/besteffort", DEFAULT_ROOTS, "cgroupfs") is None
+    assert validate_cgroup_parent("kubepods-besteffort.slice", DEFAULT_ROOTS, "systemd") is None
+
+
+def test_unknown_driver_refuses_every_parent() -> None:
+    for parent in ("/kubepods/besteffort", "kubepods-besteffort.slice"):
+        problem = validate_cgroup_parent(parent, DEFAULT_ROOTS, None)
+        assert problem is not None and "--cgroup-driver" in problem
+
+
+def test_systemd_path_of_the_default_slice_root_is_not_a_cgroupfs_parent() -> None:
+    # kubepods.slice names kubelet's /kubepods; /kubepods.slice/... is outside it on a cgroupfs node.
+    problem = validate_cgroup_parent("/kubepods.slice/kubepods-besteffort.slice", DEFAULT_ROOTS, "cgroupfs")
+    assert problem is not None and "not under an allowed root" in problem
 
 
 @pytest.mark.parametrize(
@@ -420,56 +321,97 @@ def test_cgroup_parent_rejected(parent: str, reason: str) -> None:
             ["/kubepods/burstable/p", "kubepods-burstable-p.slice"],
             ["/kubepods", "kubepods.slice"],
         ),
-        (["kubepods.slice"], ["/kubepods.slice/kubepods-burstable.slice", "kubepods-besteffort.slice"], ["/kubepods"]),
+        (
+            ["kubepods.slice"],
+            ["/kubepods/besteffort", "kubepods-besteffort.slice"],
+            ["/kubepods", "kubepods.slice", "/kubepods.slice/kubepods-burstable.slice", "/kubepodsX"],
+        ),
         (
             ["kubepods-burstable.slice"],
-            ["/kubepods.slice/kubepods-burstable.slice/x", "kubepods-burstable-pod1.slice"],
-            ["/kubepods.slice", "kubepods-besteffort.slice"],
+            ["/kubepods/burstable/x", "kubepods-burstable-pod1.slice"],
+            ["/kubepods", "kubepods-besteffort.slice", "/kubepods.slice/kubepods-burstable.slice"],
         ),
         (["/kubepods.slice"], ["/kubepods.slice/x", "kubepods-x.slice"], ["/kubepods"]),
-        (["/"], ["/", "/anything/at/all", "system.slice"], ["/a/../b"]),
-        (["/a", "/b"], ["/a/x", "/b", "a-x.slice", "b.slice"], ["/c", "c.slice"]),
+        (
+            ["/kubepods.slice/kubepods-burstable.slice"],
+            ["/kubepods.slice/kubepods-burstable.slice/x", "kubepods-burstable-x.slice"],
+            ["/kubepods/burstable", "kubepods-besteffort.slice"],
+        ),
+        # kubelet's escaping: a '-' inside a path segment is '_' in the slice name, and back.
+        (["/kube-pods"], ["/kube-pods/x", "kube_pods-x.slice"], ["kube-pods-x.slice", "/kube"]),
+        (["kube_pods.slice"], ["/kube-pods/x", "kube_pods-x.slice"], ["/kube_pods", "kube-pods.slice"]),
+        (["/"], ["/anything/at/all", "system.slice"], ["/", "/a/../b"]),
+        (["/a", "/b"], ["/a/x", "/b/y", "a-x.slice", "b-y.slice"], ["/b", "b.slice", "/c", "c.slice"]),
         ([], [], ["/kubepods", "kubepods.slice"]),
     ],
 )
 def test_cgroup_roots(roots: list[str], accepted: list[str], rejected: list[str]) -> None:
     for parent in accepted:
-        assert validate_cgroup_parent(parent, roots) is None, parent
+        assert check(parent, roots) is None, parent
     for parent in rejected:
-        assert validate_cgroup_parent(parent, roots) is not None, parent
+        assert check(parent, roots) is not None, parent
 
 
-@pytest.mark.parametrize("root", ["", "kubepods", "relative/path"])
+@pytest.mark.parametrize("root", ["", "kubepods", "relative/path", "/kubepods/../etc", "/./kubepods"])
 def test_bad_roots_are_configuration_errors(root: str) -> None:
     with pytest.raises(ValueError, match="allowed cgroup root"):
-        validate_cgroup_parent("/kubepods", [root])
+        validate_cgroup_parent("/kubepods", [root], "cgroupfs")
 
 
+# -- properties: an accepted parent never leaves its root --
+
+names = st.sampled_from(["kubepods", "burstable", "pod1", "kube-pods", "kube_pods", "a", "kubepodsX"])
 segments = st.sampled_from(["kubepods", "burstable", "pod1", "..", ".", "", "kubepodsX", "etc", "...", "a..b"])
 
 
-@given(st.lists(segments, max_size=6), st.booleans())
-def test_cgroup_parent_never_escapes_the_root(parts: list[str], absolute: bool) -> None:
-    parent = ("/" if absolute else "") + "/".join(parts)
-    if validate_cgroup_parent(parent, ROOTS) is not None:
-        return
-    if parent.endswith(".slice"):
-        assert "/" not in parent
-        assert parent == "kubepods.slice" or parent.startswith("kubepods-")
-    else:
-        assert posixpath.normpath(parent) == parent
-        assert parent == "/kubepods" or parent.startswith("/kubepods/")
+@st.composite
+def roots(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A root, written as a path or as a slice, with the kubelet cgroup name it denotes."""
+    name = draw(st.lists(names, min_size=1, max_size=3))
+    if draw(st.booleans()):
+        return "/" + "/".join(name), name
+    return "-".join(part.replace("-", "_") for part in name) + ".slice", name
 
 
-@given(st.text(max_size=30))
-def test_cgroup_parent_arbitrary_text_never_escapes(parent: str) -> None:
-    if validate_cgroup_parent(parent, ROOTS) is not None:
+def slice_path(slice_name: str) -> list[str]:
+    """Where systemd puts a slice: a-b-c.slice -> [a.slice, a-b.slice, a-b-c.slice]."""
+    parts = slice_name.removesuffix(".slice").split("-")
+    return ["-".join(parts[: i + 1]) + ".slice" for i in range(len(parts))]
+
+
+@given(roots(), st.booleans(), st.lists(segments | names, max_size=5))
+def test_cgroupfs_parent_stays_under_its_root(root: tuple[str, list[str]], under: bool, parts: list[str]) -> None:
+    text, name = root
+    parent = "/" + "/".join([*name, *parts] if under else parts)  # often under the root, then anything
+    if validate_cgroup_parent(parent, [text], "cgroupfs") is not None:
         return
+    mount = "/sys/fs/cgroup/cpu"
+    where = posixpath.normpath(posixpath.join(mount, parent.lstrip("/")))
+    assert posixpath.normpath(parent) == parent
+    assert (where + "/").startswith(posixpath.join(mount, *name) + "/")
+
+
+@given(roots(), st.booleans(), st.lists(names | st.sampled_from(["", "x", "..", "a.b"]), min_size=1, max_size=4))
+def test_slice_parent_stays_under_its_root(root: tuple[str, list[str]], under: bool, parts: list[str]) -> None:
+    text, name = root
+    stem = [part.replace("-", "_") for part in name]
+    parent = "-".join([*stem, *parts] if under else parts) + ".slice"
+    if validate_cgroup_parent(parent, [text], "systemd") is not None:
+        return
+    wanted = slice_path("-".join(stem) + ".slice")
+    assert slice_path(parent)[: len(wanted)] == wanted
+
+
+@given(st.text(max_size=30), st.sampled_from(["cgroupfs", "systemd"]))
+def test_arbitrary_text_never_escapes(parent: str, driver: CgroupForm) -> None:
+    if validate_cgroup_parent(parent, ROOTS, driver) is not None:
+        return
+    assert parent_form(parent) == driver  # never the other driver's form
     assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in parent)
-    if parent.startswith("/"):
+    if driver == "cgroupfs":
         assert posixpath.normpath(parent) == parent
         assert ".." not in parent.split("/")
         assert parent == "/kubepods" or parent.startswith("/kubepods/")
     else:
         assert "/" not in parent
-        assert parent.endswith(".slice")
+        assert parent == "kubepods.slice" or parent.startswith("kubepods-")

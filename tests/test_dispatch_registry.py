@@ -5,17 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
+import stat
+import tempfile
+import threading
 import time
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.registry import (
     DEFAULT_TIMEOUT,
+    MAX_CONFIG_BYTES,
     ConfigError,
     FailurePolicy,
     HookRegistry,
@@ -42,6 +49,19 @@ def write(directory: Path, name: str, text: str) -> Path:
 
 def events(logs: Sequence[MutableMapping[str, Any]], event: str) -> list[MutableMapping[str, Any]]:
     return [entry for entry in logs if entry["event"] == event]
+
+
+def spy_on(monkeypatch: pytest.MonkeyPatch, name: str) -> list[tuple[Any, ...]]:
+    """Record the arguments of every ``os.<name>`` call (it still runs)."""
+    calls: list[tuple[Any, ...]] = []
+    real = getattr(os, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, spy)
+    return calls
 
 
 # --- parse_config --------------------------------------------------------------------------
@@ -276,17 +296,13 @@ def test_unchanged_files_are_not_reread(tmp_path: Path, monkeypatch: pytest.Monk
     write(tmp_path, "a.json", config())
     registry = HookRegistry(str(tmp_path))
     registry.scan()
-    opened: list[str] = []
-    real_open = open
-
-    def spy(path: str, *args: Any, **kwargs: Any) -> Any:
-        opened.append(path)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", spy)
+    opened = spy_on(monkeypatch, "open")
     registry.scan()
     registry.scan()
     assert opened == []
+    write(tmp_path, "a.json", config(index=3))
+    registry.scan()
+    assert [args[0] for args in opened] == [str(tmp_path / "a.json")]  # the spy does see reads
 
 
 def test_atomic_replace_is_seen(tmp_path: Path) -> None:
@@ -371,14 +387,31 @@ def test_symlink_loop_warns_once(tmp_path: Path) -> None:
     assert sorted(w["file"] for w in events(logs, "hook config skipped")) == ["a.json", "loop.json"]
 
 
-def test_dangling_symlink_is_not_there_yet(tmp_path: Path) -> None:
+def test_dangling_symlink_is_no_file_said_once(tmp_path: Path) -> None:
     (tmp_path / "a.json").symlink_to(tmp_path / "later.conf")
     registry = HookRegistry(str(tmp_path))
     with capture_logs() as logs:
         assert registry.scan() is False
-    assert logs == []
+        assert registry.scan() is False
+    [warning] = events(logs, "hook config skipped")
+    assert warning["file"] == "a.json"
+    assert "dangling symlink" in warning["reason"]
     write(tmp_path, "later.conf", config())
     assert registry.scan() is True
+
+
+def test_symlink_whose_target_goes_away_drops_its_server(tmp_path: Path) -> None:
+    target = write(tmp_path, "real.conf", config(failure_policy="Fail"))
+    (tmp_path / "link.json").symlink_to(target)
+    registry = HookRegistry(str(tmp_path))
+    registry.scan()
+    target.unlink()  # e.g. the hook server was uninstalled, its link left behind
+    with capture_logs() as logs:
+        assert registry.scan() is True
+        assert registry.scan() is False
+    assert registry.servers() == []
+    [warning] = events(logs, "hook config skipped")
+    assert warning["kept"] == "nothing"
 
 
 def test_symlinked_file_registers_its_target(tmp_path: Path) -> None:
@@ -480,27 +513,33 @@ async def test_watcher_stops(tmp_path: Path) -> None:
     assert registry.servers() == []
 
 
-async def test_watcher_survives_a_failing_scan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_watcher_survives_failing_scans_and_logs_each_error_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     registry = HookRegistry(str(tmp_path), poll_interval=0.01)
-    await registry.start()
     calls = 0
-    real_scan = registry.scan
+    real_collect = registry._collect
 
-    def flaky() -> bool:
+    def flaky() -> Any:
         nonlocal calls
         calls += 1
-        if calls == 1:
-            raise RuntimeError("transient")
-        return real_scan()
+        if calls <= 10:  # start() and nine polls
+            raise RuntimeError("transient" if calls < 6 else "another")
+        return real_collect()
 
-    monkeypatch.setattr(registry, "scan", flaky)
-    try:
-        with capture_logs() as logs:
-            write(tmp_path, "a.json", config())
-            await wait_for(lambda: registry.servers() != [], within=1.0)
-        assert events(logs, "hook config scan failed")
-    finally:
-        await registry.stop()
+    monkeypatch.setattr(registry, "_collect", flaky)
+    write(tmp_path, "a.json", config())
+    with capture_logs() as logs:
+        await registry.start()  # its own scan failing does not fail the start
+        try:
+            await wait_for(lambda: registry.servers() != [], within=2.0)
+        finally:
+            await registry.stop()
+    assert [e["error"] for e in events(logs, "hook config scan failed")] == [
+        "RuntimeError: transient",
+        "RuntimeError: another",
+    ]
+    assert len(events(logs, "hook config scan works again")) == 1
 
 
 async def test_malformed_file_logs_once_while_watched(tmp_path: Path) -> None:
@@ -513,3 +552,286 @@ async def test_malformed_file_logs_once_while_watched(tmp_path: Path) -> None:
         finally:
             await registry.stop()
     assert len(events(logs, "hook config skipped")) == 1
+
+
+# --- hostile and odd files -------------------------------------------------------------------
+
+NESTING_BOMB = "[" * 1000 + "]" * 1000  # 2 KB; json.loads raises RecursionError on it
+
+
+def scan_in_thread(registry: HookRegistry) -> bool:
+    """``registry.scan()``, failing instead of hanging the test run if the scan blocks (a daemon
+    thread: one stuck in open() cannot hold up the interpreter's exit either)."""
+    result: list[bool] = []
+    worker = threading.Thread(target=lambda: result.append(registry.scan()), daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "the scan blocked"
+    return result[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        NESTING_BOMB,
+        '{"remote-endpoint": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"remote-endpoint": "/a.sock", "index": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}",
+    ],
+    ids=["arrays", "deep-value", "deep-objects"],
+)
+def test_nesting_bomb_is_skipped_once_and_the_others_load(tmp_path: Path, text: str) -> None:
+    write(tmp_path, "good.json", config())
+    write(tmp_path, "bomb.json", text)
+    registry = HookRegistry(str(tmp_path))
+    with capture_logs() as logs:
+        for _ in range(3):
+            registry.scan()
+    [warning] = events(logs, "hook config skipped")
+    assert warning["file"] == "bomb.json"
+    assert "nested too deeply" in warning["reason"]
+    assert [s.name for s in registry.servers()] == ["good.json"]
+
+
+def test_nesting_bomb_over_a_valid_file_keeps_the_previous_version(tmp_path: Path) -> None:
+    write(tmp_path, "a.json", config(failure_policy="Fail"))
+    registry = HookRegistry(str(tmp_path))
+    registry.scan()
+    before = registry.servers()
+    write(tmp_path, "a.json", NESTING_BOMB)
+    with capture_logs() as logs:
+        assert registry.scan() is False
+    assert registry.servers() == before
+    assert events(logs, "hook config skipped")[0]["kept"] == "previous version"
+
+
+def padded(size: int) -> str:
+    """A valid registration of exactly ``size`` bytes (JSON whitespace after the object)."""
+    text = config()
+    return text + " " * (size - len(text))
+
+
+def test_file_over_the_size_cap_is_skipped_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "limit.json", padded(MAX_CONFIG_BYTES))
+    write(tmp_path, "over.json", padded(MAX_CONFIG_BYTES + 1))
+    opened = spy_on(monkeypatch, "open")
+    registry = HookRegistry(str(tmp_path))
+    with capture_logs() as logs:
+        registry.scan()
+        registry.scan()
+    assert [s.name for s in registry.servers()] == ["limit.json"]
+    [warning] = events(logs, "hook config skipped")
+    assert warning["file"] == "over.json"
+    assert str(MAX_CONFIG_BYTES + 1) in warning["reason"] and "limit" in warning["reason"]
+    assert [os.path.basename(args[0]) for args in opened] == ["limit.json"]
+
+
+def test_symlink_to_a_huge_file_is_skipped_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    big = tmp_path / "elsewhere" / "big"
+    big.parent.mkdir()
+    with big.open("wb") as file:
+        file.truncate(256 << 20)  # sparse: 256 MiB without writing them
+    (tmp_path / "big.json").symlink_to(big)
+    read = spy_on(monkeypatch, "read")
+    registry = HookRegistry(str(tmp_path))
+    with capture_logs() as logs:
+        registry.scan()
+    assert read == []
+    [warning] = events(logs, "hook config skipped")
+    assert warning["file"] == "big.json" and str(256 << 20) in warning["reason"]
+
+
+def test_reads_stop_after_cap_plus_one_bytes_whatever_stat_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A file that grows after its stat (or whose stat size lies, as in /proc): the read is bounded.
+    write(tmp_path, "grows.json", padded(4 * MAX_CONFIG_BYTES))
+    real_stat, real_fstat, real_read = os.stat, os.fstat, os.read
+
+    def small(st: os.stat_result) -> os.stat_result:
+        fields = list(st)
+        fields[stat.ST_SIZE] = 100
+        return os.stat_result(fields)
+
+    total = 0
+
+    def counting_read(fd: int, n: int) -> bytes:
+        nonlocal total
+        data = real_read(fd, n)
+        total += len(data)
+        return data
+
+    monkeypatch.setattr(os, "stat", lambda path, *a, **k: small(real_stat(path, *a, **k)))
+    monkeypatch.setattr(os, "fstat", lambda fd: small(real_fstat(fd)))
+    monkeypatch.setattr(os, "read", counting_read)
+    registry = HookRegistry(str(tmp_path))
+    with capture_logs() as logs:
+        registry.scan()
+    assert total == MAX_CONFIG_BYTES + 1
+    [warning] = events(logs, "hook config skipped")
+    assert f"more than {MAX_CONFIG_BYTES} bytes" in warning["reason"]
+
+
+def test_fifo_is_skipped_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe.json")
+    write(tmp_path, "good.json", config())
+    registry = HookRegistry(str(tmp_path))
+    with capture_logs() as logs:
+        assert scan_in_thread(registry) is True
+        assert scan_in_thread(registry) is False
+    [warning] = events(logs, "hook config skipped")
+    assert warning["file"] == "pipe.json" and warning["reason"] == "not a regular file (a FIFO)"
+    assert [s.name for s in registry.servers()] == ["good.json"]
+
+
+def test_fifo_swapped_in_after_the_stat_does_not_block_the_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    regular = write(tmp_path, "regular", config())
+    os.mkfifo(tmp_path / "pipe.json")
+    real_stat = os.stat
+    # The stat sees a regular file; by the open it is a FIFO (a writer could race us so).
+    monkeypatch.setattr(
+        os, "stat", lambda path, *a, **k: real_stat(regular if str(path).endswith("pipe.json") else path)
+    )
+    registry = HookRegistry(str(tmp_path))
+    with capture_logs() as logs:
+        scan_in_thread(registry)
+    [warning] = events(logs, "hook config skipped")
+    assert warning["reason"] == "not a regular file (a FIFO)"
+
+
+def test_directory_and_socket_named_json_are_skipped_with_a_reason(tmp_path: Path) -> None:
+    (tmp_path / "dir.json").mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind(str(tmp_path / "sock.json"))
+        registry = HookRegistry(str(tmp_path))
+        with capture_logs() as logs:
+            registry.scan()
+            registry.scan()
+    finally:
+        listener.close()
+    reasons = {w["file"]: w["reason"] for w in events(logs, "hook config skipped")}
+    assert reasons == {"dir.json": "not a regular file (a directory)", "sock.json": "not a regular file (a socket)"}
+    assert len(events(logs, "hook config skipped")) == 2
+
+
+def test_unexpected_error_in_one_file_skips_that_file_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "good.json", config())
+    write(tmp_path, "cursed.json", config())
+    real_parse = parse_config
+
+    def parse(name: str, text: str) -> HookServer:
+        if name == "cursed.json":
+            raise MemoryError("out of memory")
+        return real_parse(name, text)
+
+    monkeypatch.setattr("runtimeproxy.dispatch.registry.parse_config", parse)
+    registry = HookRegistry(str(tmp_path))
+    with capture_logs() as logs:
+        registry.scan()
+        registry.scan()
+    [warning] = events(logs, "hook config skipped")
+    assert warning["file"] == "cursed.json" and warning["reason"] == "MemoryError: out of memory"
+    assert [s.name for s in registry.servers()] == ["good.json"]
+
+
+async def test_watcher_applies_removals_while_another_file_is_broken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, "fail.json", config(failure_policy="Fail"))
+    write(tmp_path, "bomb.json", NESTING_BOMB)
+    os.mkfifo(tmp_path / "pipe.json")
+    write(tmp_path, "cursed.json", config())
+    real_parse = parse_config
+
+    def parse(name: str, text: str) -> HookServer:
+        if name == "cursed.json":
+            raise RuntimeError("a bug")
+        return real_parse(name, text)
+
+    monkeypatch.setattr("runtimeproxy.dispatch.registry.parse_config", parse)
+    registry = HookRegistry(str(tmp_path), poll_interval=0.01)
+    with capture_logs() as logs:
+        await registry.start()
+        try:
+            assert [s.name for s in registry.servers()] == ["fail.json"]
+            (tmp_path / "fail.json").unlink()
+            await wait_for(lambda: registry.servers() == [], within=2.0)
+            await asyncio.sleep(0.1)  # more polls: nothing is logged twice
+        finally:
+            await registry.stop()
+    assert sorted(w["file"] for w in events(logs, "hook config skipped")) == ["bomb.json", "cursed.json", "pipe.json"]
+    assert events(logs, "hook config scan failed") == []
+
+
+async def test_watcher_reads_files_off_the_event_loop_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "a.json", config())
+    registry = HookRegistry(str(tmp_path), poll_interval=0.01)
+    threads: list[int] = []
+    real_collect = registry._collect
+
+    def collect() -> Any:
+        threads.append(threading.get_ident())
+        return real_collect()
+
+    monkeypatch.setattr(registry, "_collect", collect)
+    await registry.start()
+    try:
+        await wait_for(lambda: len(threads) >= 3, within=2.0)
+    finally:
+        await registry.stop()
+    assert threading.get_ident() not in threads
+    assert [s.name for s in registry.servers()] == ["a.json"]
+
+
+# --- property: whatever a file holds, the scan survives and the others load ------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+registration_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "remote-endpoint": st.sampled_from([SOCK, "unix://" + SOCK, "", "rel.sock"]) | json_values,
+        "failure-policy": st.sampled_from(["Fail", "Ignore", ""]) | json_values,
+        "runtime-hooks": st.lists(st.sampled_from([p.value for p in HookPoint] + ["Nope"]), max_size=3) | json_values,
+        "timeout": st.sampled_from(["500ms", "2s", 0, 1.5, "1h"]) | json_values,
+        "index": st.integers() | json_values,
+    },
+)
+file_contents = st.one_of(
+    st.binary(max_size=300),
+    json_values.map(lambda value: json.dumps(value).encode()),
+    registration_like.map(lambda value: json.dumps(value).encode()),
+    st.integers(0, 3000).map(lambda depth: ("[" * depth + "]" * depth).encode()),
+    st.integers(0, 3000).map(lambda depth: ('{"a":' * depth + "0" + "}" * depth).encode()),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(contents=st.lists(file_contents, min_size=1, max_size=3))
+def test_scan_survives_any_file_contents(contents: list[bytes]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        root = Path(directory)
+        write(root, "good-a.json", config(index=-1))
+        write(root, "good-z.json", config(failure_policy="Fail"))
+        for number, data in enumerate(contents):
+            (root / f"random-{number}.json").write_bytes(data)
+        registry = HookRegistry(directory)
+        with capture_logs() as logs:
+            registry.scan()
+            registry.scan()
+        registered = {s.name: s for s in registry.servers()}
+        assert {"good-a.json", "good-z.json"} <= registered.keys()
+        skipped = [w["file"] for w in events(logs, "hook config skipped")]
+        for number, data in enumerate(contents):
+            name = f"random-{number}.json"
+            # Exactly one outcome: registered as parse_config reads it, or skipped with one line.
+            if name in registered:
+                assert registered[name] == parse_config(name, data.decode())
+                assert name not in skipped
+            else:
+                assert skipped.count(name) == 1

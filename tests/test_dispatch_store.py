@@ -674,10 +674,18 @@ async def test_ensure_loads_once_for_concurrent_callers_and_times_out() -> None:
 
 # -- against the real containerd ---------------------------------------------------------------------------
 
-# CRI fields newer than containerd 1.6's cri-api: it never sees them, so its verbose
+# CRI fields newer than the cri-api a containerd was built with never reach it, so its verbose
 # status cannot give them back. They live only in `config`; no entry field depends on them.
-LOST_CONTAINER_FIELDS = ("stop_signal", "CDI_devices", "image.user_specified_image", "image.image_ref")
-LOST_SANDBOX_FIELDS = ("linux.security_context.supplemental_groups_policy",)
+# The build's cri-api decides, not the series: Debian's 1.7.24 is built with cri-api 0.32.3
+# (its Built-Using) and keeps CDI devices, the user-specified image and the supplemental
+# groups policy, which 1.6.20 drops (as upstream's 1.7 builds, on cri-api 0.27, would).
+LOST_FIELDS = {  # series: (container fields, sandbox fields)
+    "1.6": (
+        ("stop_signal", "CDI_devices", "image.user_specified_image", "image.image_ref"),
+        ("linux.security_context.supplemental_groups_policy",),
+    ),
+    "1.7": (("stop_signal", "image.image_ref"), ()),
+}
 
 
 def clear_path(message: Any, dotted: str) -> None:
@@ -730,15 +738,16 @@ def create_pod_and_container(
 
 
 def expected_after_round_trip(
-    pod_id: str, pod: pb.RunPodSandboxRequest, container_id: str, create: pb.CreateContainerRequest
+    pod_id: str, pod: pb.RunPodSandboxRequest, container_id: str, create: pb.CreateContainerRequest, series: str
 ) -> tuple[SandboxEntry, ContainerEntry]:
-    """The entries the live requests give, less what containerd 1.6 cannot keep."""
+    """The entries the live requests give, less what containerd `series` cannot keep."""
     sandbox = sandbox_from_request(pod_id, pod)
     container = container_from_request(container_id, create)
     assert sandbox.config is not None and container.config is not None
-    for path in LOST_SANDBOX_FIELDS:
+    lost_container, lost_sandbox = LOST_FIELDS[series]
+    for path in lost_sandbox:
         clear_path(sandbox.config, path)
-    for path in LOST_CONTAINER_FIELDS:
+    for path in lost_container:
         clear_path(container.config, path)
     return sandbox, container
 
@@ -759,7 +768,9 @@ async def test_rebuilt_entries_equal_the_requests(bed: Containerd, cri: CriClien
     assert result == LoadResult(sandboxes=1, containers=1)
 
     sandbox, container = store.sandbox(pod_id), store.container(container_id)
-    expected_sandbox, expected_container = expected_after_round_trip(pod_id, pod, container_id, create)
+    expected_sandbox, expected_container = expected_after_round_trip(
+        pod_id, pod, container_id, create, bed.build.series
+    )
     assert sandbox == expected_sandbox
     assert container == expected_container
     # Every field hooks get is what the live store had: only `config` lost the newer fields.
@@ -783,11 +794,22 @@ async def test_rebuilt_entries_equal_the_requests(bed: Containerd, cri: CriClien
         assert getattr(container, name) == getattr(live_container, name), name
     assert container is not None and container.envs == [(k.decode(), v) for k, v in ENVS]
     assert sandbox is not None and sandbox.runtime_handler == "runc"
-    # What containerd 1.6 drops, spelled out.
+    # What each series drops or keeps, spelled out.
     assert container.config is not None and sandbox.config is not None
-    assert container.config.stop_signal == pb.SIGNAL_RUNTIME_DEFAULT and not container.config.CDI_devices
-    assert container.config.image.user_specified_image == "" and container.config.image.image_ref == ""
-    assert sandbox.config.linux.security_context.supplemental_groups_policy == pb.Merge
+    assert container.config.stop_signal == pb.SIGNAL_RUNTIME_DEFAULT and container.config.image.image_ref == ""
+    kept = {
+        "CDI_devices": [d.name for d in container.config.CDI_devices],
+        "user_specified_image": container.config.image.user_specified_image,
+        "supplemental_groups_policy": sandbox.config.linux.security_context.supplemental_groups_policy,
+    }
+    if bed.build.series == "1.6":
+        assert kept == {"CDI_devices": [], "user_specified_image": "", "supplemental_groups_policy": pb.Merge}
+    else:
+        assert kept == {
+            "CDI_devices": ["vendor.example/dev=x"],
+            "user_specified_image": "busybox",
+            "supplemental_groups_policy": pb.Strict,
+        }
 
 
 @pytest.mark.e2e
@@ -818,11 +840,31 @@ async def test_rebuild_sees_resource_updates(bed: Containerd, cri: CriClient) ->
     assert rebuilt is not None and before is not None
     # containerd's info keeps the create-time config; the status's current values win.
     assert rebuilt.resources == update == before.resources
-    _, expected = expected_after_round_trip(pod_id, pod, container_id, create)
+    _, expected = expected_after_round_trip(pod_id, pod, container_id, create, bed.build.series)
     assert expected.config is not None
     expected.config.linux.resources.CopyFrom(update)
     expected.resources = update
     assert rebuilt == expected
+
+
+@pytest.mark.e2e
+async def test_rebuild_reads_stopped_objects_in_full(bed: Containerd, cri: CriClient) -> None:
+    """A stopped pod and its exited container (what a restarted proxy meets after kubelet
+    stopped a pod) read back as completely as running ones, on every containerd series."""
+    pod_id, pod, container_id, create = create_pod_and_container(bed, cri)
+    cri.runtime.StopContainer(pb.StopContainerRequest(container_id=container_id, timeout=0), timeout=60)
+    cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=60)
+    store = PodStore()
+    loader = RuntimeLoader(bed.address)
+    try:
+        assert await loader.load_all(store) == LoadResult(sandboxes=1, containers=1)
+    finally:
+        await loader.close()
+    expected_sandbox, expected_container = expected_after_round_trip(
+        pod_id, pod, container_id, create, bed.build.series
+    )
+    assert store.sandbox(pod_id) == expected_sandbox
+    assert store.container(container_id) == expected_container
 
 
 @pytest.mark.e2e
@@ -853,7 +895,9 @@ async def test_rebuild_retries_while_containerd_is_down(bed: Containerd, cri: Cr
         assert any(log["event"] == "store rebuilt from the runtime" for log in logs)
         assert rebuilder.result == LoadResult(sandboxes=1, containers=1)
         # Shims kept the pod across the daemon's restart; the entries are the same.
-        expected_sandbox, expected_container = expected_after_round_trip(pod_id, pod, container_id, create)
+        expected_sandbox, expected_container = expected_after_round_trip(
+            pod_id, pod, container_id, create, bed.build.series
+        )
         assert store.sandbox(pod_id) == expected_sandbox
         assert store.container(container_id) == expected_container
     finally:
@@ -869,7 +913,9 @@ async def test_ensure_container_loads_an_unknown_one(bed: Containerd, cri: CriCl
     try:
         pod_id, pod, container_id, create = create_pod_and_container(bed, cri, start=False)
         entry = await rebuilder.ensure_container(container_id)
-        expected_sandbox, expected_container = expected_after_round_trip(pod_id, pod, container_id, create)
+        expected_sandbox, expected_container = expected_after_round_trip(
+            pod_id, pod, container_id, create, bed.build.series
+        )
         assert entry == expected_container and store.container(container_id) is entry
         assert store.sandbox(pod_id) == expected_sandbox  # its sandbox came along
         assert await rebuilder.ensure_sandbox(pod_id) is store.sandbox(pod_id)

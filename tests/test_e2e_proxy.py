@@ -341,7 +341,7 @@ def test_six_mib_exec_output_arrives_intact(client: CriClient, containerd: Conta
     assert hashlib.md5(response.stdout).hexdigest() == response.stderr.split()[0].decode()
 
 
-def test_error_statuses_equal_direct_ones(client: CriClient, direct: CriClient) -> None:
+def test_error_statuses_equal_direct_ones(client: CriClient, direct: CriClient, containerd: Containerd) -> None:
     missing = pb.ContainerStatusRequest(container_id="no-such-container-0123456789")
     through = rpc_error(lambda: client.runtime.ContainerStatus(missing, timeout=10))
     straight = rpc_error(lambda: direct.runtime.ContainerStatus(missing, timeout=10))
@@ -363,6 +363,8 @@ def test_error_statuses_equal_direct_ones(client: CriClient, direct: CriClient) 
     def events(cri: CriClient) -> Callable[[], Any]:
         return lambda: list(cri.runtime.GetContainerEvents(pb.GetEventsRequest(), timeout=10))
 
+    if containerd.build.series != "1.6":
+        return  # 1.7 streams events: tests/test_e2e_events.py
     through = rpc_error(events(client))
     straight = rpc_error(events(direct))
     assert through.code() == straight.code() == grpc.StatusCode.UNIMPLEMENTED

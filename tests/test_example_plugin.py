@@ -252,7 +252,7 @@ def test_envstamp_in_a_real_pod(node: Node, containerd: Containerd) -> None:
         assert call["hooks"] == ["runtime-hooks.json:ok"], call
         assert call["code"] == "OK", call
         if method == "CreateContainer":
-            assert "env[RTPX_QOS]: None -> b'BE'" in call["changes"], call
+            assert "env[RTPX_QOS] set" in call["changes"], call
 
     # Stopping the hook server unregisters it, and the proxy drops it.
     assert hooks.terminate() == 0, hooks.log()

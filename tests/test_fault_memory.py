@@ -22,7 +22,8 @@ from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as cri_grpc
 from runtimeproxy.testbed import Containerd
 
-pytestmark = pytest.mark.e2e
+# About the proxy, not the runtime: one series (what production runs) is enough.
+pytestmark = [pytest.mark.e2e, pytest.mark.containerd_series("1.7")]
 
 MiB = 1 << 20
 CALLERS = 16

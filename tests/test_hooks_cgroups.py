@@ -3,6 +3,7 @@ version detection, pod and container paths for both drivers, per-version files, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -13,8 +14,10 @@ from runtimeproxy.hooks.cgroups import (
     FILES,
     CgroupFS,
     CgroupPathError,
+    CgroupScopeError,
     CgroupUnsupported,
     CgroupVersion,
+    PodRoots,
     detect_version,
     expand_slice,
     parent_path,
@@ -312,3 +315,208 @@ def test_no_parent_or_container_escapes_the_root(
     real_root = os.path.realpath(root)
     real = os.path.realpath(path)
     assert real == real_root or real.startswith(real_root + os.sep), (parent, container_id, file, real)
+
+
+# --- where writes may go: pod and container cgroups under the pod roots ------------------------------
+
+POD_CGROUPS = [
+    "/kubepods/pod1",  # Guaranteed
+    "/kubepods/burstable/pod1",
+    f"/kubepods/besteffort/pod1/{CID}",  # a container
+    "//kubepods//burstable/pod1/",  # not normalized, same cgroup
+    "kubepods-pod1.slice",
+    "kubepods-burstable-pod1_2.slice",
+    "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
+    "/kubepods/burstable/pod1/c1/deeper",  # anything below a pod
+]
+NOT_POD_CGROUPS = [
+    "",
+    "/",
+    "-.slice",  # systemd's root slice
+    "/system.slice",
+    "system.slice",
+    "/system.slice/kubepods/pod1",
+    "/kubepods",  # a root itself
+    "kubepods",
+    "kubepods.slice",
+    "/kubepods/burstable",  # QoS-class cgroups
+    "/kubepods/besteffort",
+    "kubepods-burstable.slice",
+    "/kubepods.slice/kubepods-besteffort.slice",
+    "/kubepodsX/pod1",
+    "/evil/kubepods/pod1",
+    "/kubepods/../kubepods/pod1",
+    "/kubepods/./pod1",
+    "/kubepods/pod1\0",
+    "kubepods--pod1.slice",
+]
+
+
+@pytest.mark.parametrize("parent", POD_CGROUPS)
+def test_pod_and_container_cgroups_under_the_roots_may_be_written(parent: str) -> None:
+    assert PodRoots().problem(parent) is None
+    PodRoots().check(parent)
+
+
+@pytest.mark.parametrize("parent", NOT_POD_CGROUPS)
+def test_no_other_cgroup_may_be_written(parent: str) -> None:
+    problem = PodRoots().problem(parent)
+    assert problem is not None and repr(parent) in problem
+    with pytest.raises(CgroupScopeError, match="runtime-hooks writes only pod and container cgroups"):
+        PodRoots().check(parent)
+
+
+def test_roots_are_configurable() -> None:
+    roots = PodRoots(["/rtpx-1/kubepods"])
+    assert roots.problem("/rtpx-1/kubepods/besteffort/pod1") is None
+    assert roots.problem("/rtpx-1/kubepods/pod1") is None
+    assert "QoS-class" in (roots.problem("/rtpx-1/kubepods/burstable") or "")
+    assert "not below a pod cgroup root (/rtpx-1/kubepods)" in (roots.problem("/kubepods/pod1") or "")
+    assert "none" in (PodRoots([]).problem("/kubepods/pod1") or "")  # no roots: nothing is written
+
+
+@pytest.mark.parametrize("root", ["/", "", "-.slice", "/kubepods/../x", "kubepods--x.slice"])
+def test_bad_roots_are_configuration_errors(root: str) -> None:
+    with pytest.raises(ValueError, match="pod cgroup root"):
+        PodRoots([root])
+
+
+def test_writes_outside_the_pod_cgroups_are_refused(tree: FakeCgroup) -> None:
+    fs = tree.fs()
+    tree.mkdir("system.slice")
+    tree.mkdir("kubepods.slice/kubepods-burstable.slice")
+    name = fs.file_name("cpu.shares")
+    before = _state(tree.root)
+    for parent in ("/", "/system.slice", "/kubepods", "/kubepods/burstable", "kubepods-burstable.slice"):
+        with pytest.raises(CgroupScopeError):
+            fs.write("cpu", name, 3, parent)
+    assert _state(tree.root) == before
+    parent = tree.add_pod(UID, "burstable")
+    fs.write("cpu", name, 3, parent)
+    assert fs.read("cpu", name, parent) == "3"
+
+
+def test_a_symlink_inside_the_root_does_not_lead_a_write_out_of_the_pod_cgroups(tmp_path: Path, version: str) -> None:
+    tree = (make_fake_cgroup_v1 if version == "v1" else make_fake_cgroup_v2)(tmp_path / "cg")
+    [system] = tree.mkdir("system.slice")[:1]
+    base = tree.dir("/kubepods/burstable")
+    (base / "podlink").symlink_to(system)  # cgroupfs has no symlinks; a tree that has one is not trusted
+    fs = tree.fs()
+    name = fs.file_name("cpu.shares")
+    before = (system / name).read_text()
+    with pytest.raises(CgroupScopeError, match="symlink"):
+        fs.write("cpu", name, 3, "/kubepods/burstable/podlink")
+    with pytest.raises(CgroupScopeError, match="symlink"):
+        fs.create_pod_cgroup("/kubepods/burstable/podlink/x")
+    assert (system / name).read_text() == before and not (system / "x").exists()
+
+
+def test_create_pod_cgroup_makes_only_pod_cgroups(tree: FakeCgroup) -> None:
+    fs = tree.fs()
+    parent = tree.pod_parent("new", "besteffort")
+    made = fs.create_pod_cgroup(parent)
+    assert made and made[-1] == tree.dir(parent) and tree.dir(parent).is_dir()
+    assert fs.create_pod_cgroup(parent) == []  # already there
+    for bad in ("/system.slice/podx", "/kubepods/burstable", "/", "/podx"):
+        with pytest.raises(CgroupScopeError):
+            fs.create_pod_cgroup(bad)
+    assert not tree.dir("/system.slice/podx").exists() and not tree.dir("/podx").exists()
+
+
+def test_create_pod_cgroup_enables_the_controller_in_new_parents_on_v2(tmp_path: Path) -> None:
+    tree = make_fake_cgroup_v2(tmp_path / "cg", subtree_control=["memory"], kubepods=False)
+    made = tree.fs().create_pod_cgroup("/kubepods/besteffort/pod1")
+    assert [path.relative_to(tree.root).as_posix() for path in made] == [
+        "kubepods",
+        "kubepods/besteffort",
+        "kubepods/besteffort/pod1",
+    ]
+    # The root's children get cpu (the fake's file is plain: the write replaced its content);
+    # plain mkdir made the others without kernel files, so there was nothing to enable there.
+    assert (tree.root / "cgroup.subtree_control").read_text() == "+cpu"
+
+
+# Parents, as a hostile or broken kubelet/runtime could send them: kubepods-like names, other
+# slices, QoS cgroups, dot segments, NULs, absolute and relative forms, planted links, any text.
+_scope_segments = st.one_of(
+    st.sampled_from(
+        [
+            "kubepods",
+            "kubepods.slice",
+            "burstable",
+            "besteffort",
+            "kubepods-burstable.slice",
+            "kubepods-besteffort-pod1.slice",
+            "pod1",
+            "system.slice",
+            "tolink",
+            "outlink",
+            "..",
+            ".",
+            "",
+            "\0",
+        ]
+    ),
+    st.text(max_size=10),
+)
+_scope_parents = st.lists(_scope_segments, max_size=5).map("/".join) | st.text(max_size=30)
+
+
+def _qos_free_pod_dir(segments: tuple[str, ...]) -> bool:
+    """The test's own reading of "a pod's cgroup or below": under kubepods or kubepods.slice,
+    deeper than the root, and not one of the QoS-class cgroups right below it."""
+    qos = {"besteffort", "burstable", "kubepods-besteffort.slice", "kubepods-burstable.slice"}
+    if len(segments) < 2 or segments[0] not in ("kubepods", "kubepods.slice"):
+        return False
+    return not (len(segments) == 2 and segments[1] in qos)
+
+
+def _cgroup_segments(tree: FakeCgroup, path: Path) -> tuple[str, ...]:
+    parts = path.relative_to(tree.root).parts
+    return parts[1:] if tree.version is CgroupVersion.V1 else parts  # v1: below the hierarchy's directory
+
+
+def _state(root: Path) -> dict[Path, str | None]:
+    """Every directory (None) and file (content) under ``root``, links not followed."""
+    found: dict[Path, str | None] = {}
+    for path in root.rglob("*"):
+        if path.is_symlink():
+            continue
+        found[path] = None if path.is_dir() else path.read_text(errors="replace")
+    return found
+
+
+@pytest.mark.parametrize("make", [make_fake_cgroup_v1, make_fake_cgroup_v2])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parent=_scope_parents, container_id=_ids)
+def test_no_parent_leads_to_a_write_outside_the_pod_cgroups(
+    tmp_path: Path, make: type, parent: str, container_id: str | None
+) -> None:
+    root = tmp_path / "cg"
+    if not root.exists():
+        tree = make(root, driver="systemd")
+        tree.mkdir("system.slice")
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        for directory in tree.mkdir("kubepods/burstable"):  # links to the root cgroup and out of the tree
+            (directory / "tolink").symlink_to(directory.parent.parent)
+            (directory / "outlink").symlink_to(outside)
+    tree = FakeCgroup(root, CgroupVersion.V1 if make is make_fake_cgroup_v1 else CgroupVersion.V2, "systemd", False)
+    fs = tree.fs()
+    before = _state(tmp_path)
+    for attempt in (
+        lambda: fs.write("cpu", fs.file_name("cpu.shares"), 7, parent, container_id),
+        lambda: fs.create_pod_cgroup(parent),
+    ):
+        with contextlib.suppress(CgroupPathError, OSError):  # refused, or the kernel (fake) said no
+            attempt()
+    after = _state(tmp_path)
+    changed = [path for path in after if before.get(path, "new") != after[path]]
+    for path in changed:
+        assert path.is_relative_to(root), (parent, path)
+        directory = path if after[path] is None else path.parent
+        segments = _cgroup_segments(tree, directory)
+        if after[path] is None:  # a new directory: the pod's cgroup or an ancestor kubelet would make
+            assert segments[:1] in (("kubepods",), ("kubepods.slice",)), (parent, path)
+        else:
+            assert _qos_free_pod_dir(segments), (parent, container_id, path)

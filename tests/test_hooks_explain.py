@@ -189,7 +189,7 @@ async def test_a_be_pod_gets_its_class_values_and_nothing_is_written(node: tuple
     [run, create] = e.calls
     assert run.changes == ["annotations[cpu-test/qos]: None -> 'BE'"]
     assert "resources.cpu_shares: 2 -> 2" not in create.changes  # kubelet's own value: no change
-    assert "env[QOS_CLASS]: None -> b'BE'" in create.changes
+    assert "env[QOS_CLASS] set" in create.changes  # names only: env values may be secrets
 
 
 async def test_an_ls_pod(node: tuple[FakeCgroup, FakeResctrl]) -> None:

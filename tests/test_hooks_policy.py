@@ -35,6 +35,7 @@ from runtimeproxy.hooks.policy import (
     ReconcilerPolicy,
     ResctrlClassPolicy,
     ResctrlPolicy,
+    TrustPolicy,
     dump_policy,
     load_policy,
     loads_policy,
@@ -280,7 +281,7 @@ def test_policy_for_every_plugin_and_class() -> None:
     assert policy_for(policy, "memory", BE).v1_soft_limit == "zero"
     assert policy_for(policy, "network", LSE) is policy.network.LS
     assert policy_for(policy, "resctrl", "BE") is policy.resctrl.BE  # type: ignore[arg-type]
-    assert set(PLUGINS) == {f.name for f in dataclasses.fields(Policy)} - {"reconciler"}
+    assert set(PLUGINS) == {f.name for f in dataclasses.fields(Policy)} - {"reconciler", "trust"}
     with pytest.raises(ValueError, match="no per-class policy for plugin 'reconciler'"):
         policy_for(policy, "reconciler", LS)
     with pytest.raises(ValueError):
@@ -292,11 +293,20 @@ def test_policy_for_every_plugin_and_class() -> None:
 
 def test_dump_is_plain_yaml_in_a_stable_order() -> None:
     text = dump_policy(DEFAULT_POLICY)
-    assert list(yaml.safe_load(text)) == ["cpu", "cpuset", "resctrl", "memory", "network", "reconciler"]
+    assert list(yaml.safe_load(text)) == ["cpu", "cpuset", "resctrl", "memory", "network", "reconciler", "trust"]
     assert "  BE:\n    l3_percent_range: [0, 30]\n    mb_percent: 100\n" in text
     assert "  interface: ''\n" in text
     assert loads_policy(text) == DEFAULT_POLICY
     assert dump_policy(loads_policy(text)) == text
+
+
+def test_pod_cpusets_are_trusted_unless_the_policy_says_not() -> None:
+    assert DEFAULT_POLICY.trust.pod_cpuset is True  # Koordinator's behaviour
+    assert loads_policy("trust: {pod_cpuset: false}").trust == TrustPolicy(pod_cpuset=False)
+    with pytest.raises(PolicyError, match=r"trust\.pod_cpuset: must be true or false, got 'no'"):
+        loads_policy("trust: {pod_cpuset: 'no'}")
+    with pytest.raises(PolicyError, match=r"trust\.pod_cpusets"):
+        loads_policy("trust: {pod_cpusets: false}")
 
 
 def test_round_trip_of_an_edited_policy() -> None:
@@ -371,6 +381,7 @@ policies = st.builds(
     memory=per_class(MemoryPolicy, memory_classes()),
     network=networks(),
     reconciler=st.builds(ReconcilerPolicy, st.floats(0.1, 86400.0)),
+    trust=st.builds(TrustPolicy, st.booleans()),
 )
 
 

@@ -23,7 +23,7 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import policy as policy_mod
-from runtimeproxy.hooks.cgroups import CgroupFS
+from runtimeproxy.hooks.cgroups import CgroupFS, PodRoots
 from runtimeproxy.hooks.reconciler import LivePods, Reconciler, list_live_pods
 from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v2
@@ -454,7 +454,7 @@ class SoftLimit:
 
 @pytest.mark.e2e
 async def test_reconciles_the_pods_a_real_containerd_runs(bed: Containerd, tmp_path: Path) -> None:
-    cgroups = CgroupFS()
+    cgroups = CgroupFS(pod_roots=PodRoots([f"/{bed.cgroup_prefix}/kubepods"]))  # where the test bed's pods are
     if int(cgroups.version) != 1:
         pytest.fail("this test bed host is expected to run cgroup v1 (see /work/shared/NOTES.md)")
     pod = load_pod(PODS / "ls-pod.yaml")

@@ -32,9 +32,10 @@ from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v2
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
-from runtimeproxy.dispatch import merge
+from runtimeproxy.dispatch import limits
+from runtimeproxy.dispatch.dispatcher import Dispatcher
 from runtimeproxy.dispatch.hookpoints import HookPoint
-from runtimeproxy.dispatch.registry import parse_config
+from runtimeproxy.dispatch.registry import HookRegistry, parse_config
 from runtimeproxy.listener import AlreadyServing
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
@@ -106,10 +107,14 @@ async def served(short_dir: Path) -> AsyncIterator[Any]:
     """served(*plugins) -> a started server and a client stub; all stopped after the test."""
     started: list[tuple[RuntimeHooksServer, grpc.aio.Channel]] = []
 
-    async def start(*plugins: Plugin, context: ServerContext | None = None) -> Served:
+    async def start(*plugins: Plugin, context: ServerContext | None = None, **options: Any) -> Served:
         runner = PluginRunner(plugins, registry=CollectorRegistry(), context=context)
         settings = ServerSettings(
-            endpoint=str(short_dir / "hooks.sock"), hook_config_dir=str(short_dir / "hookserver.d"), stop_grace=0
+            endpoint=str(short_dir / "hooks.sock"),
+            hook_config_dir=str(short_dir / "hookserver.d"),
+            stop_grace=0,
+            deregister_grace=options.pop("deregister_grace", 0),
+            **options,
         )
         server = RuntimeHooksServer(runner, settings)
         await server.start()
@@ -133,7 +138,7 @@ async def test_plugin_changes_reach_the_client(served: Any) -> None:
     assert dict(response.container_envs) == {"A": "changed", "QOS_CLASS": "BE"}
     assert dict(response.container_annotations) == {"tuned": "app:1"}
     assert response.pod_cgroup_parent == ""
-    assert merge.validate_resources(response.container_resources) == []
+    assert limits.validate_resources(response.container_resources) == []
 
     response = await s.stub.PreRunPodSandboxHook(pod_request(), timeout=5)
     assert dict(response.labels) == {"tuned": "yes"}
@@ -322,6 +327,94 @@ async def test_no_registration_without_handled_hooks(served: Any) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await s.stub.PreRunPodSandboxHook(pod_request(), timeout=5)
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+MiB = 1 << 20
+
+
+async def test_a_request_of_8_mib_is_accepted_under_the_default_limit(served: Any) -> None:
+    """The proxy relays up to 16 MiB (runtimeproxy.limits); a big CreateContainer reaches the plugins."""
+    s = await served(tuner())
+    request = container_request(container_annotations={"big": "x" * (8 * MiB)})
+    assert request.ByteSize() > 8 * MiB
+    response = await s.stub.PreCreateContainerHook(request, timeout=30)
+    assert dict(response.container_annotations) == {"tuned": "app:1"}
+
+
+async def test_a_request_over_the_configured_limit_is_refused(served: Any) -> None:
+    s = await served(tuner(), max_message_size=4 * MiB)
+    request = container_request(container_annotations={"big": "x" * (5 * MiB)})
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await s.stub.PreCreateContainerHook(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (await s.stub.PreCreateContainerHook(container_request(), timeout=5)).container_annotations
+
+
+async def test_the_proxys_hook_calls_and_runtime_hooks_share_one_limit(short_dir: Path) -> None:
+    """The proxy's dispatcher sends and receives up to its --max-message-size, runtime-hooks
+    accepts and answers as much by default: an 8 MiB request and a 5 MiB answer go through."""
+    echo = Plugin("echo")
+
+    @echo.on(CREATE)
+    def create(container: ContainerInfo, response: HookResponse, **kwargs: Any) -> None:
+        response.annotations["echo"] = "y" * (5 * MiB)
+
+    settings = ServerSettings(
+        endpoint=str(short_dir / "hooks.sock"), hook_config_dir=str(short_dir / "hookserver.d"), stop_grace=0
+    )
+    server = RuntimeHooksServer(PluginRunner([echo], registry=CollectorRegistry()), settings)
+    await server.start()
+    registry = HookRegistry(str(short_dir / "hookserver.d"))
+    await registry.start()
+    request = container_request(container_annotations={"big": "x" * (8 * MiB)})
+    try:
+        dispatchers = (Dispatcher(registry), Dispatcher(registry, max_message_size=4 * MiB))
+        answered: list[int] = []
+        [shared] = await dispatchers[0].run(
+            CREATE, lambda: request, lambda reply: answered.append(len(reply.container_annotations["echo"])) or [], None
+        )
+        assert (shared.outcome, answered) == ("ok", [5 * MiB]), shared
+        [smaller] = await dispatchers[1].run(CREATE, lambda: request, lambda reply: [], None)
+        assert smaller.outcome == "failed" and "RESOURCE_EXHAUSTED" in smaller.error, smaller
+        for dispatcher in dispatchers:
+            await dispatcher.close()
+    finally:
+        await registry.stop()
+        await server.stop(0, 0)
+
+
+async def test_stop_unregisters_first_and_answers_until_the_grace_is_over(served: Any) -> None:
+    s = await served(tuner(), deregister_grace=3.0)
+    assert s.registration.exists()
+    stopping = asyncio.create_task(s.server.stop())
+    for _ in range(500):  # the file goes first, before any waiting
+        if not s.registration.exists():
+            break
+        await asyncio.sleep(0.01)
+    assert not s.registration.exists()
+    response = await s.stub.PreCreateContainerHook(container_request(), timeout=5)  # still answered
+    assert dict(response.container_annotations) == {"tuned": "app:1"}
+    assert not stopping.done()
+    await stopping
+    assert not os.path.exists(s.server.endpoint)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await s.stub.PreCreateContainerHook(container_request(), timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-message-size", "1Mi"], "must be at least 4194304 bytes"),
+        (["--max-message-size", "lots"], "is not a size"),
+        (["--cgroup-parent-root", "/"], "is the whole hierarchy"),
+        (["--cgroup-parent-root", "/kubepods/../x"], "invalid pod cgroup root"),
+        (["--deregister-grace", "-1"], "--deregister-grace"),
+    ],
+)
+def test_serve_refuses_bad_limits_and_roots(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["serve", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
 
 
 # --- the command -----------------------------------------------------------------------------------

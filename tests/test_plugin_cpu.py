@@ -27,6 +27,7 @@ from runtimeproxy.hooks.sdk import (
     ServerContext,
 )
 from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from structlog.testing import capture_logs
 
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
 CREATE = HookPoint.PRE_CREATE_CONTAINER
@@ -282,11 +283,58 @@ async def test_a_pod_cgroup_outside_the_root_is_never_created(
     outside.mkdir()
     base = tree.dir(tree.pod_parent("x", "burstable")).parent  # kubepods/burstable
     (base / "escape").symlink_to(outside)
-    for parent in ("/kubepods/../../etc", f"/{base.relative_to(tree.dir('')).as_posix()}/escape/podz"):
-        result = await make_runner().run(RUN, pod=make_pod(parent, uid="z"))
-        assert [f.outcome for f in result.failures] == ["error"]
-        assert "CgroupPathError" in result.failures[0].reason
+    # Not a pod cgroup under the roots: withheld from the plugins, which then write nothing.
+    result = await make_runner().run(RUN, pod=make_pod("/kubepods/../../etc", uid="z"))
+    assert result.failures == [] and result.applied == ["cpu"]
+    # Under the roots by name, but through a symlink: refused where the plugin creates it.
+    parent = f"/{base.relative_to(tree.dir('')).as_posix()}/escape/podz"
+    result = await make_runner().run(RUN, pod=make_pod(parent, uid="z"))
+    assert [f.outcome for f in result.failures] == ["error"]
+    assert "CgroupPathError" in result.failures[0].reason and "outside the cgroup root" in result.failures[0].reason
     assert list(outside.iterdir()) == []
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    """Every file under ``directory`` (links not followed) and its content: what a write would change."""
+    found = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            found[str(path.relative_to(directory))] = path.read_text()
+    return found
+
+
+@pytest.mark.parametrize("parent", ["/", "/system.slice", "/system.slice/podx", "system.slice", "/kubepods/burstable"])
+async def test_a_pod_whose_cgroup_is_no_pods_gets_nothing_written(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any, parent: str
+) -> None:
+    """The root cgroup, systemd's slices, a QoS-class cgroup: never written, never created."""
+    tree.mkdir("system.slice")
+    spec = batch_spec(main={"limits": {cpu.BATCH_CPU: "1500"}})
+    pod = make_pod(parent, qos="BE", uid="x", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    before = _snapshot(tree.root)
+    runner = make_runner()
+    with capture_logs() as logs:
+        result = await runner.run(RUN, pod=pod)
+        assert await runner.reconcile(pods=[pod]) == []
+    assert result.failures == [] and result.applied == ["cpu"]
+    assert fs.writes == [] and _snapshot(tree.root) == before  # no file written, no directory made
+    # Said at info for the hook call (and at debug, if shown, each reconcile round).
+    withheld = [entry for entry in logs if entry["event"] == "withheld from the plugins"]
+    assert (withheld[0]["log_level"], withheld[0]["hook"]) == ("info", "PreRunPodSandbox")
+    assert all(repr(parent) in entry["reason"] and "no cgroup of this pod" in entry["reason"] for entry in withheld)
+
+
+async def test_the_trust_switch_keeps_a_pinned_pods_quota_in_reconcile(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any
+) -> None:
+    parent = tree.add_pod("lsr-1", "guaranteed")
+    fs.set_cpu_quota(parent, 200000)
+    status = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "0-1"})}
+    pod = make_pod(parent, qos="LSR", uid="lsr-1", annotations=status)
+    await make_runner("trust: {pod_cpuset: false}").reconcile(pods=[pod])
+    assert fs.cpu_quota(parent)[0] == 200000
+    await make_runner().reconcile(pods=[pod])
+    assert fs.cpu_quota(parent)[0] == -1  # trusted (the default): lifted for the pinned pod
 
 
 class KernelLikeFS(RecordingFS):

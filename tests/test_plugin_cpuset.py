@@ -141,6 +141,28 @@ async def test_lsr_container_gets_no_quota_and_its_cpuset_with_the_cpu_plugin(
     assert (resources.cpu_quota, resources.cpuset_cpus, resources.cpu_shares) == (-1, "0-1", 0)
 
 
+async def test_the_trust_switch_ignores_pod_supplied_cpusets_and_keeps_the_quota(
+    tree: FakeCgroup, make_runner: Any
+) -> None:
+    """``trust.pod_cpuset: false``: no pinning, and no quota lift that only pinning justifies."""
+    pod = make_pod(tree, "LSR", json.dumps({"cpuset": "0-1"}))
+    fs = tree.fs()
+    fs.set_cpu_quota(pod.cgroup_parent, 200000)  # kubelet's Guaranteed pod quota
+    runner = make_runner(cpu.plugin, cpuset.plugin, policy="trust: {pod_cpuset: false}")
+    with capture_logs() as logs:
+        pod_result = await runner.run(RUN, pod=pod)
+        result = await runner.run(CREATE, pod=pod, container=APP)
+    assert pod_result.failures == [] and result.failures == []
+    assert fs.cpu_quota(pod.cgroup_parent)[0] == 200000  # not lifted
+    assert result.applied == ["cpu", "cpuset"]
+    assert (result.response.resources.cpu_quota, result.response.resources.cpuset_cpus) == (0, "")
+    withheld = [entry for entry in logs if entry["event"] == "withheld from the plugins"]
+    assert len(withheld) == 2 and all("trust.pod_cpuset is false" in entry["reason"] for entry in withheld)
+    # The same pod with the switch on (the default) is pinned and unlimited.
+    trusted = await make_runner(cpu.plugin, cpuset.plugin).run(CREATE, pod=pod, container=APP)
+    assert (trusted.response.resources.cpu_quota, trusted.response.resources.cpuset_cpus) == (-1, "0-1")
+
+
 def test_the_plan_is_pure() -> None:
     pod = PodInfo(name="p", namespace="d", uid="u", annotations=MappingProxyType({STATUS: '{"cpuset": "1,2,3,7"}'}))
     plan = cpuset.plan_container(pod, APP, QoSClass.LSE, DEFAULT_POLICY.cpuset.LSE)

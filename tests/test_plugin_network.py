@@ -20,7 +20,7 @@ import pytest
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
-from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
+from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion, PodRoots
 from runtimeproxy.hooks.plugins import network
 from runtimeproxy.hooks.plugins.network import (
     FALLBACK_LINK_MBIT,
@@ -231,7 +231,7 @@ class Lab:
 
     @property
     def cgroups(self) -> CgroupFS:
-        return CgroupFS(self.cg_root, version=CgroupVersion.V1)
+        return CgroupFS(self.cg_root, version=CgroupVersion.V1, pod_roots=PodRoots((self.prefix,)))
 
     def pod_info(self, name: str, qos: str) -> PodInfo:
         parent = f"{self.prefix}/{'besteffort' if qos == 'BE' else 'burstable'}/pod{name}"

@@ -90,7 +90,8 @@ def test_exec_environment_and_stop(unit: Unit) -> None:
     assert one(unit, "Service", "ExecStart") == "/usr/local/bin/runtime-hooks serve"
     assert one(unit, "Service", "EnvironmentFile") == "-/etc/default/runtime-hooks"
     assert one(unit, "Service", "KillSignal") == "SIGTERM"
-    assert seconds(one(unit, "Service", "TimeoutStopSec")) >= ServerSettings().stop_grace + 5
+    settings = ServerSettings()
+    assert seconds(one(unit, "Service", "TimeoutStopSec")) >= settings.deregister_grace + settings.stop_grace + 5
 
 
 def test_runtime_and_config_directories_match_the_defaults(unit: Unit) -> None:

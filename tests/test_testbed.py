@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,7 +16,8 @@ from google.protobuf.message import Message
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.testbed import Containerd, ContainerdError
-from runtimeproxy.testbed.containerd import decode_fields, encode_field
+from runtimeproxy.testbed.containerd import decode_fields, encode_field, processes_referencing
+from runtimeproxy.testbed.runtimes import series_of, upstream_version
 
 pytestmark = pytest.mark.e2e
 
@@ -82,6 +85,22 @@ def test_version_answers(bed: Containerd) -> None:
     assert version.runtime_api_version == "v1"
 
 
+def test_each_series_runs_its_own_binaries(bed: Containerd, request: pytest.FixtureRequest) -> None:
+    """The daemon, and the shim it starts for a pod, come from the build of the series the
+    test was parametrized with: 1.7's containerd must not find the system's 1.6 shim."""
+    series = request.node.callspec.params["containerd"]
+    version = rpc(bed, "RuntimeService/Version", pb.VersionRequest(), pb.VersionResponse)
+    assert series_of(version.runtime_version) == bed.build.series == series
+    assert upstream_version(version.runtime_version) == bed.build.version
+    config = pod_config(bed)
+    run_pod(bed, config)
+    path = bed.build.env()["PATH"]
+    binaries = ("containerd", "containerd-shim-runc-v2")
+    expected = {Path(str(shutil.which(name, path=path))).resolve() for name in binaries}
+    running = {Path(os.readlink(f"/proc/{pid}/exe")) for pid in processes_referencing(bed.root_dir)}
+    assert running == expected
+
+
 def test_wire_helpers_match_protobuf() -> None:
     """The wire helpers agree with protobuf's own encoding."""
     message = pb.ImageStatusRequest(image=pb.ImageSpec(image="x/y:1"))
@@ -132,10 +151,10 @@ def test_restart_keeps_pods_and_containers(bed: Containerd) -> None:
     assert container_state(bed, cid) == pb.CONTAINER_RUNNING
 
 
-@pytest.mark.usefixtures("containerd")  # for its root and binaries checks
-def test_stop_leaves_nothing_behind() -> None:
-    """A second, private test bed with a running pod is torn down completely."""
-    other = Containerd()
+def test_stop_leaves_nothing_behind(containerd: Containerd) -> None:
+    """A second, private test bed of the same build with a running pod is torn down
+    completely (host paths such as shim sockets are where each series puts them)."""
+    other = Containerd(build=containerd.build)
     other.start()
     try:
         config = pod_config(other, host_network=False)
@@ -147,9 +166,8 @@ def test_stop_leaves_nothing_behind() -> None:
     assert not other.root_dir.exists()
 
 
-@pytest.mark.usefixtures("containerd")
-def test_failed_start_reports_the_log_tail() -> None:
-    bed = Containerd()
+def test_failed_start_reports_the_log_tail(containerd: Containerd) -> None:
+    bed = Containerd(build=containerd.build)
     bed.prepare()
     bed.config_path.write_text("version = 2\nthis is not toml\n")
     try:

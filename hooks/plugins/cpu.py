@@ -39,10 +39,10 @@ reconciler re-applies ours after a resize.
   class. **Group identity** is the class's ``group_identity`` (Alibaba Cloud Linux only).
 
 If the pod cgroup does not exist yet at PreRunPodSandbox (no kubelet, e.g. on a test bed),
-it is created as kubelet would name it, below the cgroup root only (``CgroupFS.path``
-checks every path): on v1 in the ``cpu`` hierarchy, on v2 with the ``cpu`` controller
-enabled in each ancestor's ``cgroup.subtree_control`` so that the new cgroup gets the cpu
-files. Only what this plugin writes into is created; kubelet and the runtime make the rest.
+it is created as kubelet would name it (``CgroupFS.create_pod_cgroup``), only for a pod
+cgroup under the pod roots: on v1 in the ``cpu`` hierarchy, on v2 with the ``cpu``
+controller enabled in each ancestor's ``cgroup.subtree_control`` so that the new cgroup
+gets the cpu files. Only what this plugin writes into is created; kubelet and the runtime make the rest.
 In a dry run (``dry_run``, ``runtime-hooks explain``) nothing is created, and every
 cgroup access goes through the ``cgroups`` handle, which then records instead of writing.
 
@@ -77,7 +77,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from ..cgroups import MAX_SHARES, MIN_SHARES, CgroupError, CgroupFS, CgroupVersion, parent_path
+from ..cgroups import MAX_SHARES, MIN_SHARES, CgroupError, CgroupFS, CgroupUnsupported, CgroupVersion
 from ..policy import CPUClassPolicy, CPUPolicy
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, ResourceChanges, Resources, qos_of
@@ -496,43 +496,21 @@ def _current_quota(fs: CgroupFS, parent: str, container_id: str | None = None) -
 
 def ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool = False) -> bool:
     """Create the pod cgroup ``parent`` if it is missing (see the module doc); True if it was made.
-    With ``dry_run`` nothing is created (a mkdir is no cgroup-file write a dry-run handle records)."""
-    target = fs.path("cpu", parent)  # CgroupPathError for a bad parent or a path out of the root
+    With ``dry_run`` nothing is created (a mkdir is no cgroup-file write a dry-run handle records).
+    CgroupPathError for a bad parent, CgroupScopeError for one that is no pod's under the pod roots."""
+    target = fs.pod_path("cpu", parent)
     if fs.exists(parent):
         return False
     if dry_run:
         log.info("would create the missing pod cgroup", path=str(target))
         return False
-    base = fs.path("cpu", "")
-    if not base.is_dir():
-        log.warning("no cpu cgroup hierarchy; pod cgroup not created", path=str(base))
-        return False
-    # Every directory made is a prefix of ``target``, which fs.path found inside the root.
-    parts = target.relative_to(base).parts
-    for depth in range(1, len(parts) + 1):
-        directory = base.joinpath(*parts[:depth])
-        if directory.is_dir():
-            continue
-        if fs.version is CgroupVersion.V2:
-            _enable_cpu_controller(fs, parts[: depth - 1], log)
-        directory.mkdir(exist_ok=True)  # another pod may be making the same ancestor
-    log.info("created missing pod cgroup", path=str(target))
-    return True
-
-
-def _enable_cpu_controller(fs: CgroupFS, parts: Sequence[str], log: Any) -> None:
-    """v2: make the cgroup at ``parts`` give its children the cpu controller, as kubelet and runc do."""
-    parent = "/" + "/".join(parts) if parts else ""
-    if parent_path(parent) != "/".join(parts):  # a lone slice name would be re-expanded: not ours to touch
-        return
-    if not fs.has_file("cpu", "cgroup.subtree_control", parent):
-        return
-    if "cpu" in fs.read("cpu", "cgroup.subtree_control", parent).split():
-        return
     try:
-        fs.write("cpu", "cgroup.subtree_control", "+cpu", parent)
-    except OSError as exc:
-        log.warning("cannot enable the cpu controller", cgroup=parent or "/", error=str(exc))
+        made = fs.create_pod_cgroup(parent, "cpu", log=log)
+    except CgroupUnsupported as exc:
+        log.warning("pod cgroup not created", path=str(target), error=str(exc))
+        return False
+    log.info("created missing pod cgroup", path=str(target))
+    return bool(made)
 
 
 def _write(what: str, log: Any, action: Any, *args: Any, **kwargs: Any) -> bool:

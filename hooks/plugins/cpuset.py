@@ -10,11 +10,13 @@ container's ``cpuset.cpus`` (v1 and v2 alike). The CFS quota of these classes is
 ``cpu`` plugin's business (``cfs_quota_enabled: false``).
 
 Left untouched: containers of classes not pinned, pods without the annotation or with an
-empty ``cpuset``. An annotation that is not such a JSON object, or a CPU list that
-``parse_cpuset`` refuses, is logged and skipped: the pod starts on the shared pool rather
-than failing. So is a list naming CPUs the node does not have (checked against the cgroup
-root's effective CPUs when a cgroup tree is at hand), since the runtime would fail the
-container on it. The list is passed on in canonical form (``format_cpuset``).
+empty ``cpuset``, and every pod when the policy says ``trust.pod_cpuset: false`` (the
+runner then withholds the annotation from all plugins: hooks/podview.py). An annotation
+that is not such a JSON object, or a CPU list that ``parse_cpuset`` refuses, is logged and
+skipped: the pod starts on the shared pool rather than failing. So is a list naming CPUs
+the node does not have (checked against the cgroup root's effective CPUs when a cgroup
+tree is at hand), since the runtime would fail the container on it. The list is passed on
+in canonical form (``format_cpuset``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from runtimeproxy.dispatch.merge import format_cpuset, parse_cpuset
+from runtimeproxy.dispatch.limits import format_cpuset, parse_cpuset
 
 from ..cgroups import CgroupError, CgroupFS, CgroupVersion
+from ..podview import RESOURCE_STATUS_ANNOTATION
 from ..policy import CPUSetClassPolicy
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo
@@ -50,9 +53,6 @@ plugin = Plugin(
     # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
     blocking=False,
 )
-
-# koordinator-sh/koordinator apis/extension: AnnotationResourceStatus = SchedulingDomainPrefix + "/resource-status".
-RESOURCE_STATUS_ANNOTATION: Final = "scheduling.koordinator.sh/resource-status"
 
 # The root cgroup's effective CPUs, per version (v1: in the cpuset hierarchy).
 _EFFECTIVE_CPUS: Final = {CgroupVersion.V1: "cpuset.effective_cpus", CgroupVersion.V2: "cpuset.cpus.effective"}

@@ -25,8 +25,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.dispatch.limits import cut
 from runtimeproxy.dispatch.protocol import InvalidHookOutput
 from runtimeproxy.dispatch.registry import FailurePolicy, HookRegistry, HookServer
+from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 
 log = structlog.get_logger("runtimeproxy.hooks")
 
@@ -98,10 +100,19 @@ class HookMetrics:
 
 
 class Dispatcher:
-    def __init__(self, registry: HookRegistry, metrics: HookMetrics | None = None) -> None:
+    def __init__(
+        self,
+        registry: HookRegistry,
+        metrics: HookMetrics | None = None,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
         self.registry = registry
         self.metrics = metrics
+        self.max_message_size = max_message_size
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # Per endpoint, the longest timeout of the servers using it: how long calls still in
+        # flight may take once its server unregistered.
+        self._call_grace: dict[str, float] = {}
         registry.add_listener(self._servers_changed)
 
     def subscribed(self, point: HookPoint) -> bool:
@@ -177,12 +188,16 @@ class Dispatcher:
             return done("invalid", str(exc))
 
     def _channel(self, server: HookServer) -> grpc.aio.Channel:
+        grace = self._call_grace.get(server.endpoint, 0.0)
+        self._call_grace[server.endpoint] = max(grace, server.timeout)
         channel = self._channels.get(server.endpoint)
         if channel is None:
             channel = grpc.aio.insecure_channel(
                 "unix://" + server.endpoint,
                 options=[
-                    ("grpc.max_receive_message_length", 16 << 20),
+                    # The relay's limit both ways: a request it accepted must reach the hook server.
+                    ("grpc.max_send_message_length", self.max_message_size),
+                    ("grpc.max_receive_message_length", self.max_message_size),
                     ("grpc.enable_retries", 0),
                     # A hook server that comes back must be used again within a second,
                     # not after gRPC's default backoff of up to two minutes.
@@ -199,7 +214,10 @@ class Dispatcher:
         wanted = {server.endpoint for server in servers}
         for endpoint in [e for e in self._channels if e not in wanted]:
             channel = self._channels.pop(endpoint)
-            asyncio.get_running_loop().create_task(channel.close(None))
+            # Calls in flight finish (a Fail server that unregistered mid-call must not
+            # refuse that call); new ones can no longer start on it.
+            grace = self._call_grace.pop(endpoint, None)
+            asyncio.get_running_loop().create_task(channel.close(grace))
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
@@ -217,7 +235,7 @@ def _rpc_failure(exc: grpc.aio.AioRpcError, done: Callable[..., HookOutcome], ti
         return done("unimplemented")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return done("timeout", f"no answer within {timeout:.3f} s")
-    return done("failed", f"{code.name}: {exc.details()}")
+    return done("failed", f"{code.name}: {cut(exc.details(), quote=False)}")  # the server's text, bounded
 
 
 def _status_for(result: HookOutcome) -> grpc.StatusCode:

@@ -18,9 +18,10 @@ from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.dispatch import protocol
 from runtimeproxy.dispatch.dispatcher import Dispatcher, HookFailed, HookOutcome
 from runtimeproxy.dispatch.hookpoints import HOOKS_BY_METHOD, CallHooks, HookKind, HookPoint
+from runtimeproxy.dispatch.limits import LOGGED_CHANGES_MAX, cut
 from runtimeproxy.dispatch.protocol import CallFrame, ContainerView, PodView
 from runtimeproxy.dispatch.sequencer import KeyedSequencer
-from runtimeproxy.dispatch.store import PodStore, StoreRebuilder
+from runtimeproxy.dispatch.store import PodStore, StoreRebuilder, UnreadableObjectError
 from runtimeproxy.relay import grpc_wire
 from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo
@@ -31,6 +32,8 @@ RUNTIME_SERVICE = "runtime.v1.RuntimeService"
 DEFAULT_SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 # Calls that change the store but have no hook point of their own.
 STORE_ONLY = {"RemoveContainer": CallHooks(None, None)}
+# Calls that take objects off the node.
+TEARDOWN = frozenset({"StopPodSandbox", "RemovePodSandbox", "StopContainer", "RemoveContainer"})
 
 
 @dataclass
@@ -53,14 +56,14 @@ class HookInterceptor:
         *,
         skip_label: str = DEFAULT_SKIP_LABEL,
         skip_value: str = "true",
-        cgroup_roots: tuple[str, ...] = ("/kubepods",),
+        output_rules: protocol.OutputRules | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.store = store
         self.loader = loader
         self.skip_label = skip_label
         self.skip_value = skip_value
-        self.cgroup_roots = cgroup_roots
+        self.output_rules = output_rules or protocol.OutputRules()
         self.sequencer = KeyedSequencer()
         self._calls: dict[int, _CallState] = {}
 
@@ -110,26 +113,42 @@ class HookInterceptor:
         self, call: CallContext, name: str, request: bytes, keys: tuple[str, ...], exc: Exception
     ) -> bytes:
         cause = f"{type(exc).__name__}: {exc}"
-        hooks = _hooks(name)
-        fail_points = [p for p in (hooks.pre, hooks.post) if p is not None and self.dispatcher.fails_closed(p)]
+        # A bug gets its traceback; data the runtime holds but we cannot read is no bug.
+        trace = None if isinstance(exc, UnreadableObjectError) else exc
         state = self._calls.get(id(call))
-        opted_out = state is not None and state.skipped  # the pod's skip label: hooks never apply
-        if fail_points and not opted_out:
+        if state is not None:
+            state.layer_error = cause  # named on the call's log line
+        fail_point = self._fail_point(name, state, exc)
+        if fail_point is not None:
             reason = (
                 f"runtime hook layer error before {name} ({cause}); refused because hook point "
-                f"{fail_points[0].value} has a server with failure policy Fail"
+                f"{fail_point.value} has a server with failure policy Fail"
             )
-            log.error("hook layer failed; call refused", method=name, error=cause, exc_info=exc)
+            log.error("hook layer failed; call refused", method=name, error=cause, exc_info=trace)
             self.dispatcher.count_layer_error(name, "refused")
             self._end_or_forget(call, keys, grpc_wire.INTERNAL, reason)
             raise RejectCall(grpc_wire.INTERNAL, reason) from None
-        log.error("hook layer failed; call relayed unchanged (no Fail server)", method=name, error=cause, exc_info=exc)
+        log.error("hook layer failed; call relayed unchanged", method=name, error=cause, exc_info=trace)
         self.dispatcher.count_layer_error(name, "relayed_unchanged")
         if state is not None:  # ``after`` still records the call in the store and logs it
             state.frame.changes.clear()
             state.skipped = True
-            state.layer_error = cause
         return request
+
+    def _fail_point(self, name: str, state: _CallState | None, exc: Exception) -> HookPoint | None:
+        """The hook point whose Fail server makes this failure refuse the call, if any.
+
+        Two exceptions: a pod that opted out with the skip label never has hooks applied,
+        and a teardown call on an object the runtime holds but we cannot decode (created
+        around the proxy, so never hooked) goes on: refusing it would keep the object on
+        the node for ever.
+        """
+        if state is not None and state.skipped:
+            return None
+        if isinstance(exc, UnreadableObjectError) and name in TEARDOWN:
+            return None
+        hooks = _hooks(name)
+        return next((p for p in (hooks.pre, hooks.post) if p is not None and self.dispatcher.fails_closed(p)), None)
 
     def _end_or_forget(self, call: CallContext, keys: tuple[str, ...], code: int, message: str) -> None:
         if id(call) in self._calls:
@@ -179,7 +198,7 @@ class HookInterceptor:
             return await self.dispatcher.run(
                 point,
                 lambda: protocol.pod_hook_request(pod),
-                lambda response: _note(frame, protocol.apply_pod_response(pod, response, self.cgroup_roots)),
+                lambda response: _note(frame, protocol.apply_pod_response(pod, response, self.output_rules)),
                 deadline,
             )
         assert container is not None
@@ -187,7 +206,7 @@ class HookInterceptor:
             point,
             lambda: protocol.container_hook_request(pod, container),
             lambda response: _note(
-                frame, protocol.apply_container_response(pod, container, response, self.cgroup_roots)
+                frame, protocol.apply_container_response(pod, container, response, self.output_rules)
             ),
             deadline,
         )
@@ -298,13 +317,14 @@ def _follow_sandbox(config: Any, sandbox: Any) -> list[str]:
     changes = []
     if sandbox.cgroup_parent and sandbox.cgroup_parent != config.linux.cgroup_parent:
         old = config.linux.cgroup_parent
-        changes.append(f"pod cgroup_parent: {old!r} -> {sandbox.cgroup_parent!r} (as the pod has it)")
+        changes.append(f"pod cgroup_parent: {cut(old)} -> {cut(sandbox.cgroup_parent)} (as the pod has it)")
         config.linux.cgroup_parent = sandbox.cgroup_parent
     for field_name in ("labels", "annotations"):
         target = getattr(config, field_name)
         for key, value in getattr(sandbox, field_name).items():
             if target.get(key) != value:
-                changes.append(f"pod {field_name}[{key}]: {target.get(key)!r} -> {value!r} (as the pod has it)")
+                was, now = cut(target.get(key)), cut(value)
+                changes.append(f"pod {field_name}[{cut(key, quote=False)}]: {was} -> {now} (as the pod has it)")
                 target[key] = value
     return changes
 
@@ -371,8 +391,8 @@ def _log_call(name: str, state: _CallState, code: int, message: str, failed: Hoo
         "duration_ms": round((time.perf_counter() - state.started) * 1000, 3),
         "pod": f"{pod.namespace}/{pod.name}" if pod is not None and pod.name else None,
         "container": frame.container.config.metadata.name if frame.container is not None else None,
-        "hooks": [result.summary() for result in state.results],
-        "changes": frame.changes,
+        "hooks": [result.summary() for result in [*state.results, *([failed] if failed else [])]],
+        "changes": _listed(frame.changes),
     }
     if state.layer_error:
         fields["hook_layer_error"] = state.layer_error
@@ -383,3 +403,9 @@ def _log_call(name: str, state: _CallState, code: int, message: str, failed: Hoo
     problem = failed is not None or bool(state.layer_error)
     problem = problem or any(result.outcome not in ("ok", "unimplemented") for result in state.results)
     (log.warning if problem else log.info)("lifecycle call", **fields)
+
+
+def _listed(changes: list[str]) -> list[str]:
+    """Each change is bounded already (limits.cut); so is how many a log line lists."""
+    more = len(changes) - LOGGED_CHANGES_MAX
+    return changes[:LOGGED_CHANGES_MAX] + ([f"... and {more} more"] if more > 0 else [])

@@ -8,10 +8,18 @@ from prometheus_client import CollectorRegistry
 
 from runtimeproxy.dispatch.dispatcher import Dispatcher, HookMetrics
 from runtimeproxy.dispatch.interceptor import DEFAULT_SKIP_LABEL, HookInterceptor
+from runtimeproxy.dispatch.merge import CgroupDriver
+from runtimeproxy.dispatch.protocol import OutputRules
 from runtimeproxy.dispatch.registry import HookRegistry
 from runtimeproxy.dispatch.store import PodStore, RuntimeLoader, StoreRebuilder
+from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
+from runtimeproxy.metrics import StoreMetrics
 
+#: kubelet's pod cgroups: cgroupfs driver, systemd driver. runtime-hooks uses the same default.
 DEFAULT_CGROUP_ROOTS = ("/kubepods", "kubepods.slice")
+#: How often the hook config directory is scanned; a hook server that unregisters keeps
+#: serving a few of these (runtime-hooks --deregister-grace) so the proxy notices first.
+DEFAULT_POLL_INTERVAL = 0.2
 
 
 @dataclass(frozen=True)
@@ -21,7 +29,9 @@ class HookSettings:
     skip_label: str = DEFAULT_SKIP_LABEL
     skip_value: str = "true"
     cgroup_roots: tuple[str, ...] = DEFAULT_CGROUP_ROOTS
-    poll_interval: float = 0.2
+    cgroup_driver: CgroupDriver = "auto"  # auto: the form kubelet used for each pod (merge.py)
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # the relay's, for hook calls too
 
 
 class HookLayer:
@@ -30,16 +40,17 @@ class HookLayer:
     def __init__(self, settings: HookSettings, metrics_registry: CollectorRegistry | None = None) -> None:
         self.registry = HookRegistry(settings.config_dir, poll_interval=settings.poll_interval)
         self.store = PodStore()
-        self.loader = RuntimeLoader(settings.runtime_backend)
+        store_metrics = StoreMetrics(metrics_registry)
+        self.loader = RuntimeLoader(settings.runtime_backend, on_unreadable=store_metrics.count_unreadable)
         self.rebuilder = StoreRebuilder(self.store, self.loader)
-        self.dispatcher = Dispatcher(self.registry, HookMetrics(metrics_registry))
+        self.dispatcher = Dispatcher(self.registry, HookMetrics(metrics_registry), settings.max_message_size)
         self.interceptor = HookInterceptor(
             self.dispatcher,
             self.store,
             self.rebuilder,
             skip_label=settings.skip_label,
             skip_value=settings.skip_value,
-            cgroup_roots=settings.cgroup_roots,
+            output_rules=OutputRules(settings.cgroup_roots, settings.cgroup_driver),
         )
 
     async def start(self) -> None:

@@ -8,18 +8,22 @@ changed resources are written back into the request (``commit``). Start, Stop an
 requests carry only an id: hooks there are told about the call, and their output has
 nothing to change (it is logged as ignored).
 
-Merge rules live in ``merge.py``; this module only decides which field goes where.
+Each answer is checked whole before any of it is applied (``OutputRules``: the bounds in
+``limits.py``, the cgroup rules in ``merge.py``), so an invalid answer leaves the request
+exactly as it was. Merge rules live in ``merge.py``; this module decides which field goes
+where. Change descriptions carry values only through ``limits.cut``, and environment
+values never.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.dispatch import merge
+from runtimeproxy.dispatch import limits, merge
 
 
 class InvalidHookOutput(ValueError):
@@ -120,77 +124,125 @@ def _text(value: bytes | str) -> str:
 # -- applying hook responses ---------------------------------------------------------------
 
 
-def apply_pod_response(pod: PodView, response: Any, cgroup_roots: Sequence[str]) -> list[str]:
-    """Merge a PodSandboxHookResponse into the pod view; returns the changes made."""
-    _check_resources(response, "resources")
-    parent = response.cgroup_parent
-    if parent:
-        problem = merge.validate_cgroup_parent(parent, cgroup_roots)
-        if problem:
-            raise InvalidHookOutput(f"cgroup_parent: {problem}")
+@dataclass(frozen=True)
+class OutputRules:
+    """What hook output must respect on this node: cgroup roots and driver, online CPUs and memory nodes."""
+
+    cgroup_roots: tuple[str, ...] = ("/kubepods",)
+    cgroup_driver: merge.CgroupDriver = "auto"
+    node: limits.NodeFacts = field(default_factory=limits.NodeFacts)
+
+    def __post_init__(self) -> None:
+        for root in self.cgroup_roots:  # a malformed root is a configuration error, found at start
+            merge.root_forms(root)
+
+
+def apply_pod_response(pod: PodView, response: Any, rules: OutputRules) -> list[str]:
+    """Merge a PodSandboxHookResponse into the pod view; returns the changes made.
+
+    The whole answer is checked first: an invalid one raises InvalidHookOutput and changes nothing.
+    """
     config = pod.config
+    parent = response.cgroup_parent
+    _refuse(
+        _parent_problems("cgroup_parent", parent, config.linux.cgroup_parent, rules)
+        + limits.label_problems(response.labels)
+        + _total_problems("labels", config.labels, response.labels, limits.LABELS_TOTAL_MAX)
+        + _total_problems("annotations", config.annotations, response.annotations, limits.ANNOTATIONS_TOTAL_MAX)
+        + _resource_problems(response, "resources", config.linux.resources, rules)
+    )
     changes = _map_changes("labels", merge.merge_map(config.labels, dict(response.labels)))
     changes += _map_changes("annotations", merge.merge_map(config.annotations, dict(response.annotations)))
     if parent and parent != config.linux.cgroup_parent:
-        changes.append(f"cgroup_parent: {config.linux.cgroup_parent!r} -> {parent!r}")
+        changes.append(f"cgroup_parent: {limits.cut(config.linux.cgroup_parent)} -> {limits.cut(parent)}")
         config.linux.cgroup_parent = parent
     if response.HasField("resources"):
         changes += _merge_resources("resources", config.linux.resources, response.resources)
     return changes
 
 
-def apply_container_response(
-    pod: PodView, container: ContainerView, response: Any, cgroup_roots: Sequence[str]
-) -> list[str]:
-    """Merge a ContainerResourceHookResponse into the views; returns the changes made."""
-    _check_resources(response, "container_resources")
-    parent = response.pod_cgroup_parent
-    if parent:
-        problem = merge.validate_cgroup_parent(parent, cgroup_roots)
-        if problem:
-            raise InvalidHookOutput(f"pod_cgroup_parent: {problem}")
+def apply_container_response(pod: PodView, container: ContainerView, response: Any, rules: OutputRules) -> list[str]:
+    """Merge a ContainerResourceHookResponse into the views; returns the changes made.
+
+    The whole answer is checked first: an invalid one raises InvalidHookOutput and changes nothing.
+    """
     config = container.config
-    changes = _map_changes(
-        "annotations", merge.merge_map(config.annotations, dict(response.container_annotations))
+    parent = response.pod_cgroup_parent
+    env_field, wanted = _wanted_env(response)
+    current = [(env.key, bytes(env.value)) for env in config.envs]
+    merged, made_env = merge.merge_env(current, wanted)
+    _refuse(
+        _parent_problems("pod_cgroup_parent", parent, pod.config.linux.cgroup_parent, rules)
+        + _total_problems(
+            "container_annotations", config.annotations, response.container_annotations, limits.ANNOTATIONS_TOTAL_MAX
+        )
+        + _resource_problems(response, "container_resources", config.linux.resources, rules)
+        + _labelled(env_field, limits.validate_env(wanted) + limits.env_total_problems(current, merged))
     )
+    changes = _map_changes("annotations", merge.merge_map(config.annotations, dict(response.container_annotations)))
     if response.HasField("container_resources"):
         changes += _merge_resources("resources", config.linux.resources, response.container_resources)
     if parent and parent != pod.config.linux.cgroup_parent:
-        changes.append(f"pod cgroup_parent: {pod.config.linux.cgroup_parent!r} -> {parent!r}")
+        changes.append(f"pod cgroup_parent: {limits.cut(pod.config.linux.cgroup_parent)} -> {limits.cut(parent)}")
         pod.config.linux.cgroup_parent = parent
-    changes += _merge_env(config, response)
-    return changes
+    if made_env:
+        del config.envs[:]
+        config.envs.extend(cri.KeyValue(key=key, value=value) for key, value in merged)
+    # Names only: values may be secrets, and are unbounded.
+    return changes + [f"env[{limits.cut(key, quote=False)}] set" for key in made_env]
 
 
-def _check_resources(response: Any, name: str) -> None:
-    if response.HasField(name):
-        problems = merge.validate_resources(getattr(response, name))
-        if problems:
-            raise InvalidHookOutput(f"{name}: " + "; ".join(problems))
+# At most this many problems are spelled out in one error; the rest are counted.
+_PROBLEMS_SHOWN = 3
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        more = len(problems) - _PROBLEMS_SHOWN
+        raise InvalidHookOutput("; ".join(problems[:_PROBLEMS_SHOWN]) + (f"; and {more} more" if more > 0 else ""))
+
+
+def _labelled(name: str, problems: list[str]) -> list[str]:
+    return [f"{name}: {problem}" for problem in problems]
+
+
+def _parent_problems(name: str, parent: str, pod_parent: str, rules: OutputRules) -> list[str]:
+    if not parent:
+        return []
+    driver = merge.pod_cgroup_driver(rules.cgroup_driver, pod_parent)
+    problem = merge.validate_cgroup_parent(parent, rules.cgroup_roots, driver)
+    return [f"{name}: {problem}"] if problem else []
+
+
+def _total_problems(name: str, current: Mapping[str, str], answer: Mapping[str, str], total_max: int) -> list[str]:
+    if not answer:
+        return []
+    after = limits.map_bytes(dict(current) | dict(answer))
+    problem = limits.growth_problem(name, limits.map_bytes(current), after, total_max, "bytes")
+    return [problem] if problem else []
+
+
+def _resource_problems(response: Any, name: str, current: Any, rules: OutputRules) -> list[str]:
+    if not response.HasField(name):
+        return []
+    return _labelled(name, limits.validate_resources(getattr(response, name), rules.node, over=current))
 
 
 def _merge_resources(label: str, target: Any, changes: Any) -> list[str]:
     update = to_cri_resources(changes)
     made = merge.merge_resources(target, update)
-    return [f"{label}.{name}: {old!r} -> {new!r}" for name, (old, new) in made.items()]
+    return [f"{label}.{name}: {limits.cut(old)} -> {limits.cut(new)}" for name, (old, new) in made.items()]
 
 
 def _map_changes(label: str, made: dict[str, tuple[str | None, str]]) -> list[str]:
-    return [f"{label}[{key}]: {old!r} -> {new!r}" for key, (old, new) in made.items()]
+    return [
+        f"{label}[{limits.cut(key, quote=False)}]: {limits.cut(old)} -> {limits.cut(new)}"
+        for key, (old, new) in made.items()
+    ]
 
 
-def _merge_env(config: Any, response: Any) -> list[str]:
-    """A non-empty ordered env list wins; otherwise Koordinator's env map is merged."""
+def _wanted_env(response: Any) -> tuple[str, list[tuple[str, bytes]]]:
+    """The answer's env field and its variables: a non-empty ordered list wins over Koordinator's map."""
     if response.container_env_list:
-        wanted = [(env.key, bytes(env.value)) for env in response.container_env_list]
-    elif response.container_envs:
-        wanted = [(key, value.encode()) for key, value in response.container_envs.items()]
-    else:
-        return []
-    current = [(env.key, bytes(env.value)) for env in config.envs]
-    merged, made = merge.merge_env(current, wanted)
-    if not made:
-        return []
-    del config.envs[:]
-    config.envs.extend(cri.KeyValue(key=key, value=value) for key, value in merged)
-    return [f"env[{key}]: {old!r} -> {new!r}" for key, (old, new) in made.items()]
+        return "container_env_list", [(env.key, bytes(env.value)) for env in response.container_env_list]
+    return "container_envs", [(key, value.encode()) for key, value in response.container_envs.items()]

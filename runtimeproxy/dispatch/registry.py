@@ -18,11 +18,21 @@ One file registers one hook server (Koordinator's format, plus ``timeout`` and `
 * Other keys are ignored with a warning, so newer files still load here.
 
 Only ``*.json`` files count; dotfiles and editor backups (``x.json~``, ``x.json.swp``) are
-ignored. A file that does not parse is skipped with one warning per version of the file;
-if an earlier version parsed, that server stays registered as it was (a half-written
-file must not drop a ``Fail`` hook for a poll interval). Files are re-read only when their
-(mtime_ns, size, inode) changes; an in-place edit that keeps the size within one mtime
-tick goes unseen, which atomic replacement (write + rename) always avoids.
+ignored. A file that cannot be used is skipped with one warning per version of the file
+naming it and the reason; if an earlier version parsed, that server stays registered as it
+was (a half-written file must not drop a ``Fail`` hook for a poll interval). Files are
+re-read only when their (mtime_ns, size, inode) changes; an in-place edit that keeps the
+size within one mtime tick goes unseen, which atomic replacement (write + rename) always
+avoids.
+
+Hostile or odd files never stop the watcher: a file over `MAX_CONFIG_BYTES` is skipped
+unread (and never more than that plus one byte is read, whatever stat said); JSON nested
+too deeply (RecursionError), any other error while reading or parsing one file skips that
+file only; a FIFO, socket, device or directory named ``*.json`` is skipped without being
+opened (and files are opened non-blocking, so one swapped in meanwhile cannot hang the
+scan); a dangling symlink counts as no file, with one line saying so. Reading and parsing
+run in a worker thread, so a slow disk never stalls the event loop, and each poll catches
+whatever escapes, logged once per distinct error, so the next poll still applies changes.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from runtimeproxy.dispatch.hookpoints import HookPoint, parse_hook_point
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "MAX_CONFIG_BYTES",
     "MAX_TIMEOUT",
     "ConfigError",
     "FailurePolicy",
@@ -61,6 +72,9 @@ MAX_TIMEOUT = 120.0
 _KNOWN_KEYS = frozenset({"remote-endpoint", "failure-policy", "runtime-hooks", "timeout", "index"})
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107
+# A registration is a few hundred bytes; a file this big is not one (and must not be read whole).
+MAX_CONFIG_BYTES = 1 << 20
+_READ_CHUNK = 64 * 1024
 
 
 class FailurePolicy(enum.StrEnum):
@@ -114,6 +128,8 @@ def _load_object(text: str) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:  # the C decoder recurses per nesting level, up to the recursion limit
+        raise ValueError("invalid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError(f"top level must be a JSON object, got {type(data).__name__}")
     return data
@@ -194,8 +210,8 @@ def parse_config(name: str, text: str) -> HookServer:
 
 # --- the registry ----------------------------------------------------------------------
 
-# (mtime_ns, size, inode), or why stat failed: a file is re-read (and re-warned about) only
-# when this changes.
+# (mtime_ns, size, inode), or why the file cannot be read: a file is re-read (and re-warned
+# about) only when this changes.
 _FileKey = tuple[int, int, int] | str
 
 
@@ -205,8 +221,75 @@ class _Entry:
     server: HookServer | None  # None: no version of the file has parsed yet
 
 
+class _Skip(Exception):
+    """This version of a file (``key``) cannot be used, for ``reason``."""
+
+    def __init__(self, key: _FileKey, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+        self.reason = reason
+
+    @classmethod
+    def of(cls, reason: str) -> _Skip:
+        """A skip that is its own key: warned about again only when the reason changes."""
+        return cls(reason, reason)
+
+
 def _file_key(st: os.stat_result) -> _FileKey:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+_FILE_TYPES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_regular(st: os.stat_result) -> _Skip:
+    kind = next((name for is_kind, name in _FILE_TYPES if is_kind(st.st_mode)), f"mode {st.st_mode:o}")
+    return _Skip.of(f"not a regular file ({kind})")
+
+
+def _too_big(key: _FileKey, size: int | str) -> _Skip:
+    return _Skip(key, f"{size} bytes, over the {MAX_CONFIG_BYTES}-byte limit for a registration file")
+
+
+def _read_capped(path: str) -> tuple[bytes, _FileKey]:
+    """The content of the regular file at ``path`` and the key of the version read; never reads
+    more than MAX_CONFIG_BYTES + 1 bytes, whatever its size said. Opened non-blocking, so a FIFO
+    swapped in after the caller's stat cannot block the open."""
+    # POSIX open(), fifo(7): with O_NONBLOCK a read-only open of a FIFO returns at once (without,
+    # it waits for a writer); on a regular file the flag changes nothing.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        key = _file_key(st)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(st)
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise _too_big(key, st.st_size)
+        chunks: list[bytes] = []
+        left = MAX_CONFIG_BYTES + 1
+        while left > 0 and (chunk := os.read(fd, min(left, _READ_CHUNK))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    if left <= 0:  # grew since the fstat
+        raise _too_big(key, f"more than {MAX_CONFIG_BYTES}")
+    return b"".join(chunks), key
+
+
+def _parse(name: str, data: bytes, key: _FileKey) -> HookServer:
+    try:
+        return parse_config(name, data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _Skip(key, f"not UTF-8 at byte {exc.start}") from None
+    except ConfigError as exc:
+        raise _Skip(key, exc.reason) from None
 
 
 def _is_config_name(name: str) -> bool:
@@ -228,12 +311,17 @@ def _ordered(servers: Iterable[HookServer]) -> tuple[HookServer, ...]:
     return tuple(sorted(servers, key=lambda s: (s.index, s.name)))
 
 
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 class HookRegistry:
     """The hook servers registered in ``directory``, kept current by polling it.
 
     ``servers_for`` is called on every CRI call, so the per-point lists are built once
-    per change, not per lookup. Everything runs on the event loop thread: a scan is a
-    listdir and a stat per file, too cheap to be worth a thread.
+    per change, not per lookup. The watcher reads the files in a worker thread and applies
+    the result (the lists, the listeners) on the event loop thread; ``scan`` does both at
+    once, blocking, for callers without a loop.
     """
 
     def __init__(self, directory: str, poll_interval: float = 0.2) -> None:
@@ -246,6 +334,7 @@ class HookRegistry:
         self._by_point: dict[HookPoint, tuple[HookServer, ...]] = {point: () for point in HookPoint}
         self._listeners: list[Listener] = []
         self._directory_problem: str | None = None  # logged once until the directory is back
+        self._scan_problem: str | None = None  # logged once until a scan works again
         self._task: asyncio.Task[None] | None = None
 
     def servers_for(self, point: HookPoint) -> list[HookServer]:
@@ -261,21 +350,15 @@ class HookRegistry:
         self._listeners.append(callback)
 
     def scan(self) -> bool:
-        """Re-read the directory now; True if the registered servers changed."""
-        names = self._list_directory()
-        entries: dict[str, _Entry] = {}
-        for name in names:
-            entry = self._load(name, self._entries.get(name))
-            if entry is not None:
-                entries[name] = entry
-        self._entries = entries
-        return self._publish({e.server.name: e.server for e in entries.values() if e.server is not None})
+        """Re-read the directory now, blocking; True if the registered servers changed."""
+        return self._apply(self._collect())
 
     async def start(self) -> None:
-        """Scan once, then keep polling in a background task until ``stop``."""
+        """Scan once, then keep polling in a background task until ``stop``. Never raises
+        for what is in the directory: a scan that fails is logged and tried at the next poll."""
         if self._task is not None:
             return
-        self.scan()
+        await self._poll_once()
         self._task = asyncio.create_task(self._poll(), name="hook-registry-poll")
 
     async def stop(self) -> None:
@@ -288,10 +371,34 @@ class HookRegistry:
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval)
-            try:
-                self.scan()
-            except Exception:  # the watcher must outlive any surprise; the next poll retries
-                log.exception("hook config scan failed", directory=self.directory)
+            await self._poll_once()
+
+    async def _poll_once(self) -> None:
+        try:
+            self._apply(await asyncio.to_thread(self._collect))
+        except Exception as exc:  # the watcher must outlive any surprise; the next poll retries
+            problem = _describe(exc)
+            if problem != self._scan_problem:  # once per distinct error, not 5 times a second
+                log.error("hook config scan failed", directory=self.directory, error=problem, exc_info=exc)
+                self._scan_problem = problem
+            return
+        if self._scan_problem is not None:
+            log.info("hook config scan works again", directory=self.directory)
+            self._scan_problem = None
+
+    def _collect(self) -> dict[str, _Entry]:
+        """Every file's entry (blocking file I/O: the watcher runs this in a worker thread)."""
+        previous = self._entries
+        entries: dict[str, _Entry] = {}
+        for name in self._list_directory():
+            entry = self._load(name, previous.get(name))
+            if entry is not None:
+                entries[name] = entry
+        return entries
+
+    def _apply(self, entries: dict[str, _Entry]) -> bool:
+        self._entries = entries
+        return self._publish({e.server.name: e.server for e in entries.values() if e.server is not None})
 
     def _list_directory(self) -> list[str]:
         try:
@@ -308,48 +415,50 @@ class HookRegistry:
         return sorted(name for name in names if _is_config_name(name))
 
     def _load(self, name: str, previous: _Entry | None) -> _Entry | None:
-        """The file's entry: ``previous`` if unchanged, else re-read; None if it is gone."""
+        """The file's entry: ``previous`` if unchanged, else re-read; None if there is no file.
+        Whatever goes wrong with this one file skips it alone."""
         path = os.path.join(self.directory, name)
         try:
             st = os.stat(path)  # follows symlinks: a linked file registers its target
         except FileNotFoundError:
-            return None
-        except OSError as exc:  # e.g. a symlink loop; a dangling symlink is FileNotFoundError: not there yet
-            reason = f"stat failed: {exc.strerror or exc}"
-            unchanged = previous is not None and previous.key == reason
-            return previous if unchanged else self._rejected(name, previous, reason, reason)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        if previous is not None and previous.key == _file_key(st):
+            if not os.path.islink(path):
+                return None  # removed since the listing
+            # Counts as no file (its server is dropped, as for a removed file), said once.
+            return self._skipped(name, previous, _Skip.of("dangling symlink (its target does not exist)"), keep=False)
+        except OSError as exc:  # e.g. a symlink loop
+            return self._skipped(name, previous, _Skip.of(f"stat failed: {exc.strerror or exc}"))
+        if not stat.S_ISREG(st.st_mode):  # never opened: opening a FIFO would block until a writer came
+            return self._skipped(name, previous, _not_regular(st))
+        key = _file_key(st)
+        if previous is not None and previous.key == key:
             return previous
-        return self._read(name, path, previous, _file_key(st))
-
-    def _read(self, name: str, path: str, previous: _Entry | None, key: _FileKey) -> _Entry | None:
         try:
-            with open(path, "rb") as file:
-                key = _file_key(os.fstat(file.fileno()))  # the version actually read
-                data = file.read()
+            if st.st_size > MAX_CONFIG_BYTES:  # not even opened
+                raise _too_big(key, st.st_size)
+            data, key = _read_capped(path)
+            return _Entry(key, _parse(name, data, key))
         except FileNotFoundError:
             return None
+        except _Skip as skip:
+            return self._skipped(name, previous, skip)
         except OSError as exc:
-            return self._rejected(name, previous, key, exc.strerror or str(exc))
-        try:
-            return _Entry(key, parse_config(name, data.decode("utf-8")))
-        except UnicodeDecodeError as exc:
-            return self._rejected(name, previous, key, f"not UTF-8 at byte {exc.start}")
-        except ConfigError as exc:
-            return self._rejected(name, previous, key, exc.reason)
+            return self._skipped(name, previous, _Skip(key, exc.strerror or str(exc)))
+        except Exception as exc:  # MemoryError, a bug...: this file only
+            return self._skipped(name, previous, _Skip(key, _describe(exc)))
 
-    def _rejected(self, name: str, previous: _Entry | None, key: _FileKey, reason: str) -> _Entry:
-        # Recording the key means the file is not read again, nor warned about, until it changes.
-        kept = previous.server if previous is not None else None
+    def _skipped(self, name: str, previous: _Entry | None, skip: _Skip, *, keep: bool = True) -> _Entry:
+        """Remember ``skip.key`` so the file is not read again, nor warned about, until it changes;
+        with ``keep``, a server an earlier version registered stays."""
+        if previous is not None and previous.key == skip.key:
+            return previous
+        kept = previous.server if previous is not None and keep else None
         log.warning(
             "hook config skipped",
             file=name,
-            reason=reason,
+            reason=skip.reason,
             kept="previous version" if kept is not None else "nothing",
         )
-        return _Entry(key, kept)
+        return _Entry(skip.key, kept)
 
     def _publish(self, current: Mapping[str, HookServer]) -> bool:
         old = {server.name: server for server in self._servers}

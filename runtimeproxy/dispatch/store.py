@@ -14,18 +14,33 @@ created with, as Go's encoding/json renders the cri-api structs: snake_case fiel
 ``bytes``: they are UTF-8 encoded). `StoreRebuilder` runs that load in the background,
 retrying while the runtime is down, and loads single unknown objects on demand.
 
-What survives that round trip through containerd 1.6.20 (checked against the real daemon
-by tests/test_dispatch_store.py): every field of `SandboxEntry` and `ContainerEntry` -
+What survives that round trip through containerd 1.6.20 and 1.7.24 (Debian's builds, whose
+verbose info has the same shape; checked against both real daemons by
+tests/test_dispatch_store.py): every field of `SandboxEntry` and `ContainerEntry` -
 metadata, labels, annotations, cgroup parent, runtime handler, the pod's
 ``linux.resources`` and ``linux.overhead`` (hugepages, unified and swap included), the
 container's resources, env order and values (``=``, empty, non-ASCII) and image. Lost
-are only fields newer than the cri-api containerd 1.6 was built with, which appear in
-``config`` alone: e.g. ``ContainerConfig.stop_signal`` / ``CDI_devices``,
+are only fields newer than the cri-api the containerd was built with, which appear in
+``config`` alone: with 1.6.20 e.g. ``ContainerConfig.stop_signal`` / ``CDI_devices``,
 ``ImageSpec.user_specified_image`` / ``image_ref``, ``Mount.mount_options`` and the
-security contexts' ``supplemental_groups_policy``. The runtime keeps the create-time
-config, not later UpdateContainerResources: a container's current resources are the
-create-time ones with the values ContainerStatus reports (from the OCI spec, which
-updates change) laid over them; see `current_resources`.
+security contexts' ``supplemental_groups_policy``; Debian's 1.7.24 (cri-api 0.32.3) keeps
+``CDI_devices``, ``user_specified_image`` and ``supplemental_groups_policy``. The runtime
+keeps the create-time config, not later UpdateContainerResources: a container's current
+resources are the create-time ones with the values ContainerStatus reports (from the OCI
+spec, which updates change) laid over them; see `current_resources`.
+
+Objects the runtime cannot describe: containerd (1.6 and 1.7 checked) stores label,
+annotation and other string values that are not UTF-8 (it does not check a RunPodSandbox /
+CreateContainer from another client), and Python's protobuf refuses a whole message holding
+one - a List response because of one bad item (grpc.aio then yields None). The loader decodes its
+responses itself (`Undecodable` instead of None): a List that fails as a whole is decoded
+item by item, so only the bad objects are skipped; a Status that fails makes its object
+unreadable. Each such object is logged once (`UnreadableObjects`, not again on later loads
+or rounds) and counted; the rebuild completes. For the hook layer an unreadable object is
+not an unknown one: `StoreRebuilder.ensure_sandbox` / `ensure_container` raise
+`UnreadableObjectError` for it (never None), so hooks are never run with empty data as if
+the object were fine; the interceptor handles it as a failure of the hook layer (under a
+Fail server at the call's hook point the call is refused, else it is relayed without hooks).
 
 Concurrency: the store is plain dicts used from the proxy's one asyncio thread; every
 method is synchronous and so atomic with respect to other coroutines. No locks are needed
@@ -41,25 +56,30 @@ import random
 from collections.abc import Awaitable, Callable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from types import SimpleNamespace
+from typing import Any, Generic, TypeVar, cast
 
 import grpc
 import grpc.aio
 import structlog
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.api.runtime.v1 import api_pb2_grpc
 from runtimeproxy.cri_client import DEFAULT_MAX_MESSAGE_BYTES, grpc_target
 
 __all__ = [
     "ContainerEntry",
+    "Listing",
     "LoadResult",
     "PodStore",
     "RuntimeLoader",
     "SandboxEntry",
     "StoreRebuilder",
+    "Undecodable",
+    "UnreadableObjectError",
+    "UnreadableObjects",
     "container_from_request",
     "current_resources",
     "message_from_go_json",
@@ -620,9 +640,147 @@ class LoadResult:
     partial: int = 0  # of those, built without the runtime's config
     already_known: int = 0  # the store had them (from relayed requests): kept as they were
     vanished: int = 0  # listed, then gone (NOT_FOUND) or removed through the proxy meanwhile
+    unreadable: int = 0  # listed, but their data cannot be decoded: skipped
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
+
+
+# -- objects the runtime has but protobuf cannot decode ---------------------------------------
+
+
+class UnreadableObjectError(Exception):
+    """The runtime has this sandbox or container, but its data cannot be decoded (e.g. a
+    label that is not UTF-8): hooks cannot be given its data. Not the same as unknown."""
+
+    def __init__(self, kind: str, object_id: str, reason: str) -> None:
+        super().__init__(f"the runtime's {kind} {object_id} cannot be decoded: {reason}")
+        self.kind = kind
+        self.object_id = object_id
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A response protobuf refused as a whole: its bytes, to decode part by part."""
+
+    data: bytes
+    error: str
+
+
+def _lenient(message_type: type[M]) -> Callable[[bytes], M | Undecodable]:
+    def decode(data: bytes) -> M | Undecodable:
+        try:
+            return message_type.FromString(data)
+        except Exception as exc:  # DecodeError, e.g. "String field had bad UTF-8"
+            return Undecodable(data, describe_error(exc))
+
+    return decode
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+# The RuntimeService calls the loader makes, with their response types.
+_LOADER_CALLS: dict[str, type[Message]] = {
+    "ListPodSandbox": pb.ListPodSandboxResponse,
+    "ListContainers": pb.ListContainersResponse,
+    "PodSandboxStatus": pb.PodSandboxStatusResponse,
+    "ContainerStatus": pb.ContainerStatusResponse,
+}
+
+
+def _lenient_stub(channel: grpc.aio.Channel) -> Any:
+    """The loader's calls, answering `Undecodable` where grpc.aio's generated stub would give
+    None (it logs the deserializer's exception and returns None)."""
+    return SimpleNamespace(
+        **{
+            name: channel.unary_unary(
+                f"/runtime.v1.RuntimeService/{name}",
+                request_serializer=_serialize,
+                response_deserializer=_lenient(response_type),
+            )
+            for name, response_type in _LOADER_CALLS.items()
+        }
+    )
+
+
+def _first_field_type() -> type[Message]:
+    """A message whose field 1 is ``repeated bytes``. Any message parses as it: field 1's
+    entries come out raw and unchecked (the items of a List response, an object's id), the
+    other fields stay unknown, undecoded."""
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="runtimeproxy/dispatch/first_field.proto", package="runtimeproxy.store", syntax="proto3"
+    )
+    message = proto.message_type.add(name="FirstField")
+    message.field.add(
+        name="values",
+        number=1,
+        type=descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
+        label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("runtimeproxy.store.FirstField"))
+
+
+_FirstField = _first_field_type()
+
+
+def _first_field(data: bytes) -> list[bytes]:
+    """Field 1's raw entries: the items of ListPodSandboxResponse / ListContainersResponse, the
+    id of a PodSandbox / Container. DecodeError only if ``data`` is not protobuf at all."""
+    values: Any = _FirstField.FromString(data)
+    return list(values.values)
+
+
+def _raw_id(item: bytes) -> str:
+    try:
+        ids = _first_field(item)
+    except Exception:  # not even protobuf framing
+        ids = []
+    return ids[-1].decode(errors="replace") if ids else "(no id)"
+
+
+@dataclass(frozen=True)
+class Listing(Generic[T]):
+    """What a List call gave: the items that decode, and the ids of those that do not."""
+
+    items: list[T]
+    unreadable: tuple[str, ...] = ()
+
+
+class UnreadableObjects:
+    """The objects found undecodable so far. Each is logged, and passed to the listeners (a
+    metric), once, when first found; `discard` / `retain` forget the ones the runtime no
+    longer has, which keeps this as small as the runtime's bad objects."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, str] = {}  # id -> kind
+        self.listeners: list[Callable[[str], None]] = []  # called with the kind
+
+    def __contains__(self, object_id: object) -> bool:
+        return object_id in self._kinds
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+    def report(self, kind: str, object_id: str, reason: str) -> None:
+        if object_id in self._kinds:
+            return
+        self._kinds[object_id] = kind
+        log.warning("cannot decode this object from the runtime; skipped", kind=kind, id=object_id, reason=reason)
+        for listener in self.listeners:
+            listener(kind)
+
+    def discard(self, object_id: str) -> None:
+        self._kinds.pop(object_id, None)
+
+    def retain(self, kind: str, listed: AbstractSet[str]) -> None:
+        """Forget the objects of ``kind`` that are not in ``listed`` (a complete listing)."""
+        for object_id in [i for i, k in self._kinds.items() if k == kind and i not in listed]:
+            del self._kinds[object_id]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -641,6 +799,8 @@ class RuntimeLoader:
 
     `target` is a gRPC target or socket path (a channel is opened on first use and
     closed by `close()`), or an open ``grpc.aio.Channel`` the caller keeps owning.
+    Objects that cannot be decoded are skipped and recorded in `unreadable`; ``on_unreadable``
+    (e.g. a metric) is called with the kind of each, once.
     """
 
     def __init__(
@@ -650,9 +810,13 @@ class RuntimeLoader:
         timeout: float = 10.0,
         concurrency: int = 8,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        on_unreadable: Callable[[str], None] | None = None,
     ) -> None:
         self.timeout = timeout
         self.concurrency = concurrency
+        self.unreadable = UnreadableObjects()
+        if on_unreadable is not None:
+            self.unreadable.listeners.append(on_unreadable)
         self._max_message_bytes = max_message_bytes
         self._target: str | None = None
         self._channel: grpc.aio.Channel | None = None
@@ -665,7 +829,8 @@ class RuntimeLoader:
 
     @property
     def stub(self) -> Any:
-        """The RuntimeService stub (untyped: the generated code has no hints)."""
+        """The calls the loader makes (ListPodSandbox, ListContainers, PodSandboxStatus,
+        ContainerStatus); a response that does not decode comes as `Undecodable`."""
         if self._stub is None:
             if self._channel is None:
                 assert self._target is not None
@@ -679,8 +844,7 @@ class RuntimeLoader:
                     ("grpc.max_reconnect_backoff_ms", 2000),
                 ]
                 self._channel = grpc.aio.insecure_channel(self._target, options=options)
-            stubs: Any = api_pb2_grpc
-            self._stub = stubs.RuntimeServiceStub(self._channel)
+            self._stub = _lenient_stub(self._channel)
         return self._stub
 
     async def close(self) -> None:
@@ -688,30 +852,80 @@ class RuntimeLoader:
         if channel is not None and self._owned:
             await channel.close(None)
 
+    # listing
+
+    async def list_sandboxes(
+        self, request: pb.ListPodSandboxRequest | None = None, *, timeout: float | None = None
+    ) -> Listing[pb.PodSandbox]:
+        """ListPodSandbox; an item that cannot be decoded is skipped (and reported)."""
+        response = await self.stub.ListPodSandbox(
+            request or pb.ListPodSandboxRequest(), timeout=timeout or self.timeout
+        )
+        return self._listing(response, "items", pb.PodSandbox, "sandbox")
+
+    async def list_containers(
+        self, request: pb.ListContainersRequest | None = None, *, timeout: float | None = None
+    ) -> Listing[pb.Container]:
+        """ListContainers; an item that cannot be decoded is skipped (and reported)."""
+        response = await self.stub.ListContainers(
+            request or pb.ListContainersRequest(), timeout=timeout or self.timeout
+        )
+        return self._listing(response, "containers", pb.Container, "container")
+
+    def _listing(self, response: Any, field_name: str, item_type: type[M], kind: str) -> Listing[M]:
+        if not isinstance(response, Undecodable):
+            return Listing(list(getattr(response, field_name)))
+        items: list[M] = []
+        unreadable: list[str] = []
+        for raw in _first_field(response.data):  # both List responses hold their items in field 1
+            try:
+                items.append(item_type.FromString(raw))
+            except Exception as exc:  # this object only
+                object_id = _raw_id(raw)
+                self.unreadable.report(kind, object_id, describe_error(exc))
+                unreadable.append(object_id)
+        return Listing(items, tuple(unreadable))
+
+    def _decoded(self, response: Any, kind: str, object_id: str) -> Any:
+        """``response`` itself, or UnreadableObjectError (reported) if it did not decode."""
+        if isinstance(response, Undecodable):
+            self.unreadable.report(kind, object_id, response.error)
+            raise UnreadableObjectError(kind, object_id, response.error)
+        return response
+
     # whole store
 
     async def load_all(self, store: PodStore) -> LoadResult:
         """Add every sandbox and container the runtime has to `store` (those it knows
-        already are kept as they are). Raises grpc.aio.AioRpcError when the runtime
-        cannot be listed or stops answering."""
+        already are kept as they are; those it cannot decode are skipped). Raises
+        grpc.aio.AioRpcError when the runtime cannot be listed or stops answering."""
         result = LoadResult()
         with store.watch_removals() as removed:
-            sandboxes = (await self.stub.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=self.timeout)).items
-            containers = (await self.stub.ListContainers(pb.ListContainersRequest(), timeout=self.timeout)).containers
+            sandboxes = await self.list_sandboxes()
+            containers = await self.list_containers()
+            result.unreadable = len(sandboxes.unreadable) + len(containers.unreadable)
             gate = asyncio.Semaphore(self.concurrency)
-            sandbox_entries = await asyncio.gather(*(self._bounded(gate, self._sandbox_entry(s)) for s in sandboxes))
+            sandbox_entries = await asyncio.gather(
+                *(self._bounded(gate, self._sandbox_entry(s)) for s in sandboxes.items)
+            )
             container_entries = await asyncio.gather(
-                *(self._bounded(gate, self._container_entry(c)) for c in containers)
+                *(self._bounded(gate, self._container_entry(c)) for c in containers.items)
             )
             for s_entry in sandbox_entries:
-                self._count(result, s_entry, store.adopt_sandbox(s_entry, removed) if s_entry else None, "sandboxes")
+                kept_sandbox = store.adopt_sandbox(s_entry, removed) if isinstance(s_entry, SandboxEntry) else None
+                self._count(result, s_entry, kept_sandbox, "sandboxes")
             for c_entry in container_entries:
-                self._count(result, c_entry, store.adopt_container(c_entry, removed) if c_entry else None, "containers")
+                kept_container = (
+                    store.adopt_container(c_entry, removed) if isinstance(c_entry, ContainerEntry) else None
+                )
+                self._count(result, c_entry, kept_container, "containers")
         return result
 
     @staticmethod
     def _count(result: LoadResult, loaded: Any, kept: Any, kind: str) -> None:
-        if loaded is None or kept is None:
+        if isinstance(loaded, UnreadableObjectError):
+            result.unreadable += 1
+        elif loaded is None or kept is None:
             result.vanished += 1
         elif kept is not loaded:
             result.already_known += 1
@@ -724,20 +938,28 @@ class RuntimeLoader:
         async with gate:
             return await work
 
-    async def _sandbox_entry(self, item: pb.PodSandbox) -> SandboxEntry | None:
+    async def _sandbox_entry(self, item: pb.PodSandbox) -> SandboxEntry | UnreadableObjectError | None:
         request = pb.PodSandboxStatusRequest(pod_sandbox_id=item.id, verbose=True)
         try:
-            response = await self.stub.PodSandboxStatus(request, timeout=self.timeout)
+            response = self._decoded(
+                await self.stub.PodSandboxStatus(request, timeout=self.timeout), "sandbox", item.id
+            )
         except grpc.aio.AioRpcError as exc:
             return self._status_failed(exc, "sandbox", item.id, lambda: sandbox_from_list_item(item))
+        except UnreadableObjectError as exc:
+            return exc
         return sandbox_from_status(response.status, response.info, item)
 
-    async def _container_entry(self, item: pb.Container) -> ContainerEntry | None:
+    async def _container_entry(self, item: pb.Container) -> ContainerEntry | UnreadableObjectError | None:
         request = pb.ContainerStatusRequest(container_id=item.id, verbose=True)
         try:
-            response = await self.stub.ContainerStatus(request, timeout=self.timeout)
+            response = self._decoded(
+                await self.stub.ContainerStatus(request, timeout=self.timeout), "container", item.id
+            )
         except grpc.aio.AioRpcError as exc:
             return self._status_failed(exc, "container", item.id, lambda: container_from_list_item(item))
+        except UnreadableObjectError as exc:
+            return exc
         return container_from_status(response.status, response.info, item)
 
     @staticmethod
@@ -756,7 +978,8 @@ class RuntimeLoader:
     ) -> SandboxEntry | None:
         """The sandbox's entry from its verbose status, added to `store` if given (an
         entry the store has meanwhile wins). None if the runtime has no such sandbox;
-        other errors raise grpc.aio.AioRpcError."""
+        UnreadableObjectError if it cannot be decoded; other errors raise
+        grpc.aio.AioRpcError."""
         if store is None:
             return await self._fetch_sandbox(sandbox_id, timeout or self.timeout)
         with store.watch_removals() as removed:
@@ -778,25 +1001,33 @@ class RuntimeLoader:
         try:
             response = await self.stub.PodSandboxStatus(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise
+            self._gone_or_raise(exc, sandbox_id)
+            return None
+        response = self._decoded(response, "sandbox", sandbox_id)
         return sandbox_from_status(response.status, response.info)
 
     async def _fetch_container(self, container_id: str, timeout: float) -> ContainerEntry | None:
         request = pb.ContainerStatusRequest(container_id=container_id, verbose=True)
         try:
-            response = await self.stub.ContainerStatus(request, timeout=timeout)
+            response = self._decoded(
+                await self.stub.ContainerStatus(request, timeout=timeout), "container", container_id
+            )
             entry = container_from_status(response.status, response.info)
             if not entry.sandbox_id:  # no info: ListContainers names the sandbox
                 listing = pb.ListContainersRequest(filter=pb.ContainerFilter(id=container_id))
-                found = await self.stub.ListContainers(listing, timeout=timeout)
-                entry.sandbox_id = next((c.pod_sandbox_id for c in found.containers), "")
+                found = await self.list_containers(listing, timeout=timeout)
+                entry.sandbox_id = next((c.pod_sandbox_id for c in found.items), "")
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise
+            self._gone_or_raise(exc, container_id)
+            return None
         return entry
+
+    def _gone_or_raise(self, exc: grpc.aio.AioRpcError, object_id: str) -> None:
+        """Raise ``exc`` unless it is NOT_FOUND: then the object is gone (and no longer
+        remembered as unreadable)."""
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise exc
+        self.unreadable.discard(object_id)
 
 
 # -- rebuilding in the background --------------------------------------------------------------
@@ -809,9 +1040,11 @@ class StoreRebuilder:
     failure with exponential backoff (`initial_backoff` doubling to `max_backoff`, each
     delay jittered by +-`jitter` but never above `max_backoff`), every failure logged
     with its cause; `ready` is set
-    once a load succeeded. `ensure_sandbox` / `ensure_container` give an entry from the
-    store or, if it is unknown, load it from the runtime within `ensure_timeout`; None
-    when that fails (the proxy relays the call anyway, without the hooks' full picture).
+    once a load succeeded (objects that cannot be decoded are skipped, they do not fail
+    it). `ensure_sandbox` / `ensure_container` give an entry from the store or, if it is
+    unknown, load it from the runtime within `ensure_timeout`; None when that fails (the
+    proxy relays the call anyway, without the hooks' full picture); UnreadableObjectError
+    when the runtime has the object but it cannot be decoded.
     """
 
     def __init__(
@@ -885,6 +1118,8 @@ class StoreRebuilder:
             return
 
     async def ensure_sandbox(self, sandbox_id: str) -> SandboxEntry | None:
+        """The sandbox's entry, loading it on demand; raises UnreadableObjectError if the
+        runtime has it but it cannot be decoded."""
         entry = self.store.sandbox(sandbox_id)
         if entry is not None or not sandbox_id:
             return entry
@@ -892,7 +1127,8 @@ class StoreRebuilder:
         return found
 
     async def ensure_container(self, container_id: str) -> ContainerEntry | None:
-        """The container's entry, loading it (and its sandbox, if unknown) on demand."""
+        """The container's entry, loading it (and its sandbox, if unknown) on demand; raises
+        UnreadableObjectError if the runtime has it but it cannot be decoded."""
         entry = self.store.container(container_id)
         if entry is not None or not container_id:
             return entry
@@ -905,7 +1141,8 @@ class StoreRebuilder:
     async def _load_container(self, container_id: str) -> ContainerEntry | None:
         entry = await self.loader.load_container(container_id, self.store, timeout=self.ensure_timeout)
         if entry is not None and entry.sandbox_id and self.store.sandbox(entry.sandbox_id) is None:
-            await self.loader.load_sandbox(entry.sandbox_id, self.store, timeout=self.ensure_timeout)
+            with contextlib.suppress(UnreadableObjectError):  # the sandbox's own ensure raises it
+                await self.loader.load_sandbox(entry.sandbox_id, self.store, timeout=self.ensure_timeout)
         return entry
 
     async def _on_demand(self, kind: str, object_id: str, load: Callable[[str], Awaitable[Any]]) -> Any:
@@ -914,7 +1151,7 @@ class StoreRebuilder:
         if task is None:  # one load per object, however many calls wait for it
             task = asyncio.get_running_loop().create_task(self._guarded(kind, object_id, load))
             self._inflight[key] = task
-            task.add_done_callback(lambda _t: self._inflight.pop(key, None))
+            task.add_done_callback(lambda done: self._settled(key, done))
         try:
             return await asyncio.wait_for(asyncio.shield(task), self.ensure_timeout)
         except TimeoutError:
@@ -926,10 +1163,17 @@ class StoreRebuilder:
             )
             return None
 
+    def _settled(self, key: tuple[str, str], task: asyncio.Task[Any]) -> None:
+        self._inflight.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: a waiter that timed out must not leave it "never retrieved"
+
     @staticmethod
     async def _guarded(kind: str, object_id: str, load: Callable[[str], Awaitable[Any]]) -> Any:
         try:
             entry = await load(object_id)
+        except UnreadableObjectError:
+            raise  # logged once by the loader; the caller must not take it for "unknown"
         except Exception as exc:
             log.warning(
                 "could not load an unknown object; relaying without it",

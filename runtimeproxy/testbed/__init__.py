@@ -6,11 +6,14 @@ containerd that the end-to-end tests use.
 
 from .containerd import Containerd, ContainerdError
 from .images import ImageSpec, build_image_tar, pause_image_spec, test_image_spec
+from .runtimes import ContainerdBuild, RuntimeFetchError
 
 __all__ = [
     "Containerd",
+    "ContainerdBuild",
     "ContainerdError",
     "ImageSpec",
+    "RuntimeFetchError",
     "build_image_tar",
     "pause_image_spec",
     "test_image_spec",

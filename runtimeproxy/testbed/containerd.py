@@ -1,10 +1,11 @@
 """A real containerd started as a plain subprocess in a fresh temporary root.
 
 Everything it owns lives under `root_dir` (config, content, state, runc root, netns
-mounts, CNI IPAM data, log) except what containerd 1.6 and CNI hard-code on the
-host: shim sockets in /run/containerd/s, CNI result caches in /var/lib/cni/results,
-the CNI bridge link, and cgroups (under `cgroup_prefix` when callers use
-`cgroup_parent()`, else /k8s.io/<id>). `stop()` removes all of those.
+mounts, CNI IPAM data, log) except what containerd (1.6 and 1.7 alike) and CNI
+hard-code on the host: shim sockets in /run/containerd/s, CNI result caches in
+/var/lib/cni/results, the CNI bridge link, and cgroups (under `cgroup_prefix` when callers use
+`cgroup_parent()`, else /k8s.io/<id>). `stop()` removes all of those. It runs the
+system's containerd, or another build's binaries (`runtimes.ContainerdBuild`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import IO
 import grpc
 
 from .images import ImageSpec, build_image_tar, pause_image_spec, test_image_spec
+from .runtimes import ContainerdBuild, system_build
 
 NAMESPACE = "k8s.io"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -283,7 +285,9 @@ class Containerd:
         pod_subnet: str = "10.244.250.0/24",
         start_timeout: float = 30.0,
         keep_root: bool | None = None,
+        build: ContainerdBuild | None = None,
     ) -> None:
+        self._build = build
         self.tag = f"rtpx-{secrets.token_hex(4)}"
         self._base_dir = base_dir
         self._root: Path | None = None
@@ -363,6 +367,16 @@ class Containerd:
         """The cgroupfs parent kubelet would send, under this test bed's prefix."""
         middle = "kubepods" if qos == "guaranteed" else f"kubepods/{qos}"
         return f"/{self.cgroup_prefix}/{middle}/pod{pod_uid}"
+
+    @property
+    def build(self) -> ContainerdBuild:
+        """The containerd binaries this test bed runs (default: the system's, from PATH)."""
+        if self._build is None:
+            found = system_build()
+            if found is None:
+                raise ContainerdError("the containerd binary is not on PATH")
+            self._build = found
+        return self._build
 
     @property
     def pid(self) -> int | None:
@@ -455,7 +469,7 @@ class Containerd:
 
     def ctr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run `ctr` against this daemon in the k8s.io namespace."""
-        cmd = ["ctr", "-a", str(self.socket), "-n", NAMESPACE, *args]
+        cmd = [self.build.binary("ctr"), "-a", str(self.socket), "-n", NAMESPACE, *args]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
 
     def pod_sandbox_ids(self) -> list[str]:
@@ -540,16 +554,17 @@ class Containerd:
         build_image_tar([self.pause_spec, self.test_spec], self.images_tar)
 
     def _launch(self) -> None:
-        if shutil.which("containerd") is None:
-            raise ContainerdError("the containerd binary is not on PATH")
+        missing = self.build.missing()
+        if missing:
+            raise ContainerdError(f"{self.build.label} lacks {', '.join(missing)}")
         log = self.log_path.open("ab")
         self._log_file = log
         # A new session keeps a terminal's Ctrl-C from killing the daemon before the
         # test bed's own cleanup runs.
         self._proc = subprocess.Popen(
-            ["containerd", "--config", str(self.config_path)],
+            [self.build.binary("containerd"), "--config", str(self.config_path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            cwd=self.root_dir, start_new_session=True,
+            cwd=self.root_dir, start_new_session=True, env=self.build.env(),
         )
 
     def _wait_ready(self) -> None:
@@ -652,7 +667,7 @@ class Containerd:
         return files
 
     def _shim_socket_name(self, cid: str) -> str:
-        # containerd 1.6 runtime/v2/shim: sha256 of filepath.Join(address, ns, id).
+        # containerd 1.6 and 1.7 runtime/v2/shim: sha256 of filepath.Join(address, ns, id).
         return hashlib.sha256(f"{self.socket}/{NAMESPACE}/{cid}".encode()).hexdigest()
 
     def _remove_host_dirs(self) -> None:

@@ -129,15 +129,19 @@ async def test_a_container_without_a_cgroup_is_logged_not_an_error(fake_cgroup: 
     assert record["event"] == "envstamp: cannot read cpu shares" and record["log_level"] == "warning"
 
 
-async def test_a_parent_outside_the_cgroup_root_is_refused(fake_cgroup_v2: FakeCgroup) -> None:
+async def test_a_parent_outside_the_pod_cgroups_is_withheld(fake_cgroup_v2: FakeCgroup) -> None:
     escaping = pod(cgroup_parent="/kubepods/../../etc")
     with capture_logs() as logs:
         result = await run_plugin(
             plugin, STARTED, pod=escaping, container=container(id=CONTAINER_ID), cgroups=fake_cgroup_v2
         )
     assert result.failures == []
-    [record] = [r for r in logs if r["plugin"] == "envstamp"]
-    assert "'..' segment" in record["error"]
+    # The runner hides it from the plugin (pod.cgroup_parent is ""), saying why...
+    [withheld] = [r for r in logs if r["event"] == "withheld from the plugins"]
+    assert "'..' segment" in withheld["reason"]
+    # ...so the plugin finds no container cgroup, and says so.
+    [record] = [r for r in logs if r.get("plugin") == "envstamp"]
+    assert record["event"] == "envstamp: cannot read cpu shares" and record["log_level"] == "warning"
 
 
 async def test_without_cgroups_the_hook_does_nothing() -> None:

@@ -1,0 +1,419 @@
+"""The containerd builds the test bed runs: the system's, and Debian releases' extracted
+into a cache directory (never installed over the system's).
+
+The end-to-end suites run against two containerd series: 1.6 (Debian bookworm) and 1.7
+(Debian trixie). Whichever of them the system has installed is used from PATH; the other
+is fetched with apt from the Debian mirror the system's apt already uses (a second
+sources entry for the other suite, with apt's own lists, cache and source files so the
+system's apt state stays as it was), and unpacked with ``dpkg-deb -x`` into
+``<cache>/containerd-<version>/``. The cache is ``$RUNTIMEPROXY_RUNTIME_CACHE``, else
+/var/cache/runtimeproxy-testbed.
+
+Standard library only, and runnable as a plain script, so that .ci/system-deps.sh can
+fill the cache before the package is installed::
+
+    python3 runtimeproxy/testbed/runtimes.py ensure     # every series: present or fetched
+    python3 runtimeproxy/testbed/runtimes.py list       # what is there
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_ENV = "RUNTIMEPROXY_RUNTIME_CACHE"
+DEFAULT_CACHE = Path("/var/cache/runtimeproxy-testbed")
+APT_ETC = Path("/etc/apt")
+OS_RELEASE = Path("/etc/os-release")
+# The binaries a test bed needs from one build: the daemon, its runc shim, and ctr for
+# image import. runc itself comes from the system (bookworm's runs 1.7 fine).
+BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
+# Each series the suites cover, and the Debian suite that ships it.
+SERIES_SUITES = {"1.6": "bookworm", "1.7": "trixie"}
+_VERSION = re.compile(r"v?(?:\d+:)?(\d+)\.(\d+)\.(\d+)")
+
+
+class RuntimeFetchError(RuntimeError):
+    """A containerd build could not be found or fetched."""
+
+
+# -- versions ---------------------------------------------------------------------------
+
+
+def upstream_version(text: str) -> str:
+    """"1.7.24" from a Debian version ("1.7.24~ds1-6+deb13u1", epoch allowed) or an
+    upstream tag ("v1.7.24"); ValueError for anything else."""
+    match = _VERSION.match(text.strip())
+    if match is None:
+        raise ValueError(f"not a containerd version: {text!r}")
+    return ".".join(match.groups())
+
+
+def series_of(version: str) -> str:
+    """"1.7" for "1.7.24"."""
+    return ".".join(upstream_version(version).split(".")[:2])
+
+
+def binary_version(binary: str, env: dict[str, str] | None = None) -> str:
+    """The upstream version a containerd or ctr binary reports: `--version` prints
+    "containerd github.com/containerd/containerd 1.7.24~ds1 <revision>"."""
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30,
+                              check=False, env=env)
+    except OSError as exc:
+        raise RuntimeFetchError(f"cannot run {binary} --version: {exc}") from exc
+    fields = done.stdout.split()
+    if done.returncode != 0 or len(fields) < 3:
+        raise RuntimeFetchError(f"{binary} --version failed ({done.returncode}): "
+                                f"{(done.stdout + done.stderr).strip()!r}")
+    try:
+        return upstream_version(fields[2])
+    except ValueError as exc:
+        raise RuntimeFetchError(f"{binary} --version: {exc}") from exc
+
+
+# -- builds -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContainerdBuild:
+    """One set of containerd binaries. ``bin_dir`` None means the system's, from PATH."""
+
+    version: str
+    bin_dir: Path | None = None
+
+    @property
+    def series(self) -> str:
+        return series_of(self.version)
+
+    @property
+    def label(self) -> str:
+        where = "system" if self.bin_dir is None else str(self.bin_dir)
+        return f"containerd {self.version} ({where})"
+
+    def binary(self, name: str) -> str:
+        """What to execute for `name`: a path in ``bin_dir``, or the bare name."""
+        return name if self.bin_dir is None else str(self.bin_dir / name)
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """An environment whose PATH finds this build's binaries first: containerd looks
+        its shim up on PATH, so 1.7's daemon must find 1.7's shim before the system's."""
+        env = dict(os.environ if base is None else base)
+        if self.bin_dir is not None:
+            env["PATH"] = os.pathsep.join([str(self.bin_dir), env.get("PATH", os.defpath)])
+        return env
+
+    def missing(self) -> list[str]:
+        """Binaries this build lacks (not found or not executable)."""
+        env = self.env()
+        return [name for name in BINARIES if shutil.which(self.binary(name), path=env["PATH"]) is None]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def system_build() -> ContainerdBuild | None:
+    """The containerd on PATH, if any."""
+    if shutil.which("containerd") is None:
+        return None
+    return ContainerdBuild(binary_version("containerd"))
+
+
+def _version_key(build: ContainerdBuild) -> tuple[int, ...]:
+    return tuple(int(part) for part in build.version.split("."))
+
+
+def cached_builds(cache: Path | None = None) -> list[ContainerdBuild]:
+    """Complete builds in the cache (every binary present), oldest first."""
+    cache = cache_dir() if cache is None else cache
+    builds = []
+    for entry in sorted(cache.glob("containerd-*")) if cache.is_dir() else []:
+        with contextlib.suppress(ValueError):
+            build = ContainerdBuild(upstream_version(entry.name.removeprefix("containerd-")),
+                                    entry / "usr" / "bin")
+            if not build.missing():
+                builds.append(build)
+    return sorted(builds, key=_version_key)
+
+
+def locate(series: str, cache: Path | None = None) -> ContainerdBuild:
+    """The build for `series`: the system's if it is that series, else the newest
+    cached one; RuntimeFetchError naming how to get it otherwise."""
+    system = system_build()
+    if system is not None and system.series == series:
+        return system
+    found = [build for build in cached_builds(cache) if build.series == series]
+    if found:
+        return found[-1]
+    where = cache_dir() if cache is None else cache
+    raise RuntimeFetchError(
+        f"no containerd {series}: the system has {system.version if system else 'none'} and "
+        f"{where} holds no containerd-{series}.* (run `bash .ci/system-deps.sh` as root, or "
+        f"`python3 runtimeproxy/testbed/runtimes.py ensure`)")
+
+
+# -- apt sources ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AptSource:
+    """One repository of the system's apt sources (one URI of a deb822 stanza)."""
+
+    uri: str
+    suites: tuple[str, ...]
+    components: tuple[str, ...]
+    # A keyring path, or an inline key block (deb822 only); "" for apt's default keyrings.
+    signed_by: str = ""
+
+
+def _deb822_stanzas(text: str) -> Iterator[dict[str, str]]:
+    """Field dicts (keys lower-cased) of a deb822 file; continuation lines joined with
+    newlines, a lone "." standing for an empty line (as in inline keys)."""
+    fields: dict[str, str] = {}
+    key = ""
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("#"):
+            continue
+        if not line.strip():
+            if fields:
+                yield fields
+            fields, key = {}, ""
+        elif line[0] in " \t" and key:
+            value = line.strip()
+            fields[key] += "\n" + ("" if value == "." else value)
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            fields[key] = value.strip()
+
+
+def parse_deb822_sources(text: str) -> list[AptSource]:
+    """The binary ("deb") repositories of a ``.sources`` file, disabled ones left out."""
+    found = []
+    for fields in _deb822_stanzas(text):
+        if "deb" not in fields.get("types", "").split():
+            continue
+        if fields.get("enabled", "yes").strip().lower() in ("no", "false", "0"):
+            continue
+        suites = tuple(fields.get("suites", "").split())
+        components = tuple(fields.get("components", "").split())
+        for uri in fields.get("uris", "").split():
+            found.append(AptSource(uri, suites, components, fields.get("signed-by", "").strip()))
+    return found
+
+
+_ONE_LINE = re.compile(r"^deb\s+(?:\[(?P<options>[^\]]*)\]\s+)?(?P<uri>\S+)\s+(?P<suite>\S+)(?P<components>.*)$")
+
+
+def parse_one_line_sources(text: str) -> list[AptSource]:
+    """The ``deb`` lines of a ``sources.list``-style file."""
+    found = []
+    for line in text.splitlines():
+        match = _ONE_LINE.match(line.split("#", 1)[0].strip())
+        if match is None:
+            continue
+        options = dict(opt.partition("=")[::2] for opt in (match["options"] or "").split())
+        found.append(AptSource(match["uri"], (match["suite"],), tuple(match["components"].split()),
+                               options.get("signed-by", "")))
+    return found
+
+
+def system_sources(etc: Path = APT_ETC) -> list[AptSource]:
+    """Every binary repository apt reads: sources.list, then sources.list.d/*.list and
+    *.sources (the files apt itself reads; other names there are ignored, as apt does)."""
+    found = []
+    main = etc / "sources.list"
+    if main.is_file():
+        found += parse_one_line_sources(main.read_text(errors="replace"))
+    parts = etc / "sources.list.d"
+    for path in sorted(parts.iterdir()) if parts.is_dir() else []:
+        if path.suffix == ".list":
+            found += parse_one_line_sources(path.read_text(errors="replace"))
+        elif path.suffix == ".sources":
+            found += parse_deb822_sources(path.read_text(errors="replace"))
+    return found
+
+
+def codename(os_release: Path = OS_RELEASE) -> str:
+    """VERSION_CODENAME of the running system ("bookworm")."""
+    for line in os_release.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key == "VERSION_CODENAME" and value.strip().strip("\"'"):
+            return value.strip().strip("\"'")
+    raise RuntimeFetchError(f"{os_release} names no VERSION_CODENAME: not a Debian-like system?")
+
+
+def debian_mirror(sources: Sequence[AptSource], system_suite: str) -> AptSource:
+    """The repository serving the system's own suite with its main component: the
+    Debian mirror, whichever host it is (security and update suites do not match)."""
+    for source in sources:
+        if system_suite in source.suites and "main" in source.components:
+            return source
+    listed = ", ".join(f"{s.uri} {'/'.join(s.suites)}" for s in sources) or "none"
+    raise RuntimeFetchError(f"no apt source serves {system_suite} main (sources: {listed})")
+
+
+def render_deb822(source: AptSource, suite: str) -> str:
+    """A sources stanza for `suite` on `source`'s mirror, with its keyring."""
+    lines = ["Types: deb", f"URIs: {source.uri}", f"Suites: {suite}", "Components: main"]
+    if source.signed_by:
+        first, *rest = source.signed_by.split("\n")
+        lines.append(f"Signed-By: {first}")
+        lines += [f" {line}" if line else " ." for line in rest]
+    return "\n".join(lines) + "\n"
+
+
+# -- fetching ---------------------------------------------------------------------------
+
+
+class PrivateApt:
+    """apt with its own lists, cache and sources under `root`: the system's apt state
+    (/var/lib/apt/lists, /var/cache/apt, /etc/apt/sources.list*) is neither read for
+    sources nor written."""
+
+    def __init__(self, root: Path, source: AptSource, suite: str) -> None:
+        self.root = root
+        self.suite = suite
+        (root / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+        (root / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+        (root / "sources.list.d").mkdir(exist_ok=True)
+        (root / "sources.list").write_text("")
+        (root / "sources.list.d" / f"{suite}.sources").write_text(render_deb822(source, suite))
+
+    def options(self) -> list[str]:
+        settings = {
+            "Dir::State::Lists": self.root / "lists",
+            "Dir::Etc::SourceList": self.root / "sources.list",
+            "Dir::Etc::SourceParts": self.root / "sources.list.d",
+            "Dir::Cache": self.root / "cache",
+        }
+        return [arg for key, value in settings.items() for arg in ("-o", f"{key}={value}")]
+
+    def run(self, tool: str, *args: str, cwd: Path | None = None) -> str:
+        cmd = [tool, "-q", *self.options(), *args]
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
+                              cwd=cwd, env=env)
+        if done.returncode != 0:
+            raise RuntimeFetchError(f"{' '.join([tool, *args])} failed ({done.returncode}):\n"
+                                    f"{(done.stdout + done.stderr).strip()}")
+        return done.stdout
+
+    def candidate(self, package: str) -> str:
+        """The Debian version of `package` in the suite."""
+        shown = self.run("apt-cache", "show", "--no-all-versions", f"{package}/{self.suite}")
+        for line in shown.splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+        raise RuntimeFetchError(f"apt-cache show {package}/{self.suite} gave no Version")
+
+
+def _give_to_apt(path: Path) -> None:
+    """apt downloads as the unprivileged _apt user: let it write into `path`."""
+    with contextlib.suppress(KeyError, PermissionError):
+        os.chown(path, pwd.getpwnam("_apt").pw_uid, -1)
+
+
+def fetch(suite: str, cache: Path | None = None, *, etc: Path = APT_ETC,
+          os_release: Path = OS_RELEASE) -> ContainerdBuild:
+    """Download `suite`'s containerd package from the system's Debian mirror and unpack
+    it into ``<cache>/containerd-<version>/`` (kept if already complete)."""
+    cache = cache_dir() if cache is None else cache
+    cache.mkdir(parents=True, exist_ok=True)
+    mirror = debian_mirror(system_sources(etc), codename(os_release))
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=cache) as tmp:
+        work = Path(tmp)
+        apt = PrivateApt(work / "apt", mirror, suite)
+        apt.run("apt-get", "update")
+        debian_version = apt.candidate("containerd")
+        version = upstream_version(debian_version)
+        dest = cache / f"containerd-{version}"
+        build = ContainerdBuild(version, dest / "usr" / "bin")
+        if dest.is_dir() and not build.missing():
+            return build
+        download = work / "download"
+        download.mkdir()
+        _give_to_apt(download)
+        apt.run("apt-get", "download", f"containerd={debian_version}", cwd=download)
+        debs = sorted(download.glob("containerd_*.deb"))
+        if len(debs) != 1:
+            raise RuntimeFetchError(f"apt-get download left {[d.name for d in debs]} in {download}")
+        tree = work / "tree"
+        unpack = subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(tree)], capture_output=True,
+                                text=True, check=False)
+        if unpack.returncode != 0:
+            raise RuntimeFetchError(f"dpkg-deb -x {debs[0].name} failed: {unpack.stderr.strip()}")
+        _check_tree(tree, version)
+        (tree / "source.json").write_text(json.dumps({
+            "package": "containerd", "version": debian_version, "suite": suite,
+            "mirror": mirror.uri, "deb": debs[0].name}, indent=2) + "\n")
+        shutil.rmtree(dest, ignore_errors=True)  # an incomplete earlier attempt
+        tree.rename(dest)  # same file system: the finished tree appears at once
+    return build
+
+
+def _check_tree(tree: Path, version: str) -> None:
+    unpacked = ContainerdBuild(version, tree / "usr" / "bin")
+    missing = unpacked.missing()
+    if missing:
+        raise RuntimeFetchError(f"the containerd package lacks {', '.join(missing)}")
+    reported = binary_version(unpacked.binary("containerd"))
+    if reported != version:
+        raise RuntimeFetchError(f"the unpacked containerd reports {reported}, the package {version}")
+
+
+def ensure(series: str, cache: Path | None = None) -> ContainerdBuild:
+    """The build for `series`, fetched from its Debian suite if neither the system nor
+    the cache has it."""
+    if series not in SERIES_SUITES:
+        raise RuntimeFetchError(f"unknown containerd series {series!r} (known: {', '.join(SERIES_SUITES)})")
+    with contextlib.suppress(RuntimeFetchError):
+        return locate(series, cache)
+    build = fetch(SERIES_SUITES[series], cache)
+    if build.series != series:
+        raise RuntimeFetchError(f"Debian {SERIES_SUITES[series]} now ships containerd {build.version}, "
+                                f"not {series}: update SERIES_SUITES")
+    return build
+
+
+# -- command line -----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache", type=Path, default=None,
+                        help=f"cache directory (default ${CACHE_ENV} or {DEFAULT_CACHE})")
+    commands = parser.add_subparsers(dest="command", required=True)
+    ensure_cmd = commands.add_parser("ensure", help="make every series (or those named) available")
+    ensure_cmd.add_argument("series", nargs="*", default=list(SERIES_SUITES))
+    commands.add_parser("list", help="the system's and the cached builds")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "ensure":
+            for series in args.series:
+                print(f"runtimes: {series}: {ensure(series, args.cache).label}")
+        else:
+            system = system_build()
+            for build in [*([system] if system else []), *cached_builds(args.cache)]:
+                print(build.label)
+    except RuntimeFetchError as exc:
+        print(f"runtimes: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

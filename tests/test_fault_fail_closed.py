@@ -1,0 +1,215 @@
+"""Fault injection, issue 7 items 1 and 3: under a Fail policy nothing passes unhooked.
+
+Against the real containerd, through the in-process proxy of test_e2e_hooks: a hook server
+whose answer does not decode, a request that is not one valid message (two messages,
+strings that are not UTF-8), and an error inside the hook layer itself. Under Fail each
+call is refused and containerd never sees it; with only Ignore servers the call goes on
+unchanged, and the failure is logged and counted.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from fake_runtime import RawH2Client
+from hook_servers import Respond, write_registration
+from structlog.testing import capture_logs
+from test_e2e_hooks import CALL_TIMEOUT, HookBed, rpc_error
+
+from runtimeproxy.api.runtime.v1 import api_pb2 as cri
+from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.relay import grpc_wire
+from runtimeproxy.testbed import Containerd
+
+pytestmark = pytest.mark.e2e
+
+P = HookPoint
+HOOK_SERVICE = "runtime.v1alpha1.RuntimeHookService"
+RUN_POD_PATH = "/runtime.v1.RuntimeService/RunPodSandbox"
+INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+class GarbageHookServer:
+    """A hook server that answers every hook RPC with bytes that are no hook response."""
+
+    def __init__(self, socket: str, answer: bytes) -> None:
+        self.socket = socket
+        self.answer = answer
+        self.calls = 0
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> GarbageHookServer:
+        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            self.calls += 1
+            return self.answer
+
+        def lookup(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+            if not details.method.startswith(f"/{HOOK_SERVICE}/"):  # type: ignore[attr-defined]
+                return None
+            return grpc.unary_unary_rpc_method_handler(handle)  # no (de)serializers: raw bytes
+
+        class Handler(grpc.GenericRpcHandler):
+            def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+                return lookup(handler_call_details)
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((Handler(),))
+        server.add_insecure_port("unix://" + self.socket)
+        await server.start()
+        self._server = server
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+
+
+@pytest.fixture
+async def bed(containerd: Containerd) -> AsyncIterator[HookBed]:
+    hook_bed = HookBed(containerd)
+    try:
+        await hook_bed.start_proxy()
+        yield hook_bed
+    finally:
+        await hook_bed.close()
+
+
+def layer_errors(bed: HookBed, method: str, action: str) -> float:
+    labels = {"method": method, "action": action}
+    return bed.metrics.get_sample_value("runtimeproxy_hook_layer_errors_total", labels) or 0.0
+
+
+async def register(bed: HookBed, name: str, socket: str, points: list[HookPoint], policy: str) -> None:
+    write_registration(bed.config_dir, f"{name}.json", socket, points, policy=policy)
+    await bed.wait_registered(*bed.registered_names())
+
+
+# -- item 1: an answer that does not decode --------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["Fail", "Ignore"])
+@pytest.mark.parametrize("answer", [b"\xff\xff\xff", b"\x0a\x05abc"], ids=["garbage", "truncated"])
+async def test_undecodable_hook_answer(bed: HookBed, policy: str, answer: bytes) -> None:
+    garbage = await GarbageHookServer(os.path.join(bed.workdir, "garbage.sock"), answer).start()
+    try:
+        await register(bed, "garbage", garbage.socket, [P.PRE_RUN_POD_SANDBOX], policy)
+        pod = bed.pod_config("garbled")
+        with capture_logs() as logs:
+            if policy == "Fail":
+                error = await rpc_error(bed.run_pod(pod))
+                assert "garbage.json" in (error.details() or "")
+                assert await bed.sandboxes_of(pod.metadata.uid) == []  # containerd never saw it
+            else:
+                sandbox_id = await bed.run_pod(pod)
+                assert await bed.sandboxes_of(pod.metadata.uid) == [sandbox_id]
+        assert garbage.calls == 1
+        assert bed.hook_calls("garbage.json", "PreRunPodSandbox", "invalid") == 1
+        (line,) = [entry for entry in logs if entry["event"] == "lifecycle call"]
+        assert line["method"] == "RunPodSandbox" and line["log_level"] == "warning"
+        assert any("garbage.json:invalid" in summary for summary in line["hooks"])
+    finally:
+        await garbage.stop()
+
+
+# -- item 3: requests the hook layer cannot interpret ------------------------------------------
+
+
+def _with_invalid_utf8(request: cri.RunPodSandboxRequest, marker: str) -> bytes:
+    """The request's bytes with ``marker`` (a label value) turned into invalid UTF-8, same length."""
+    data = request.SerializeToString()
+    assert data.count(marker.encode()) == 1
+    return data.replace(marker.encode(), b"\xff" * len(marker))
+
+
+async def test_request_with_invalid_utf8_is_refused(bed: HookBed) -> None:
+    server = await bed.server("guard")
+    server.set(P.PRE_RUN_POD_SANDBOX, Respond())
+    await bed.register(server, policy="Fail")
+    pod = bed.pod_config("notutf8", labels={"app": "notutf8", "broken": "MARKER"})
+    raw = _with_invalid_utf8(cri.RunPodSandboxRequest(config=pod), "MARKER")
+    channel = grpc.aio.insecure_channel("unix://" + bed.endpoint)
+    bed.channels.append(channel)
+    call: Any = channel.unary_unary(RUN_POD_PATH)  # bytes in, bytes out
+    error = await rpc_error(call(raw, timeout=CALL_TIMEOUT))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "runtime.v1.RunPodSandboxRequest" in (error.details() or "")
+    assert await bed.sandboxes_of(pod.metadata.uid) == []
+    assert server.calls(P.PRE_RUN_POD_SANDBOX) == []
+
+
+async def test_two_messages_on_one_unary_call_are_refused(bed: HookBed) -> None:
+    server = await bed.server("guard")
+    server.set(P.PRE_RUN_POD_SANDBOX, Respond())
+    await bed.register(server, policy="Fail")
+    pod = bed.pod_config("twice")
+    message = cri.RunPodSandboxRequest(config=pod).SerializeToString()
+    client = await RawH2Client().connect(bed.endpoint)
+    try:
+        body = grpc_wire.encode_message(message) * 2
+        answer = await client.call(RUN_POD_PATH, body, framed=True, timeout=CALL_TIMEOUT)
+        assert answer.status == INVALID_ARGUMENT
+        assert "exactly one message, got 2" in urllib.parse.unquote(answer.header("grpc-message") or "")
+    finally:
+        await client.close()
+    assert await bed.sandboxes_of(pod.metadata.uid) == []
+    assert server.calls(P.PRE_RUN_POD_SANDBOX) == []
+
+
+# -- item 1: any error inside the hook layer ----------------------------------------------------
+
+
+def _break_store(bed: HookBed) -> None:
+    """Our own bug, simulated: the store fails whenever a container is looked up."""
+    assert bed.layer is not None
+
+    async def broken(container_id: str) -> Any:
+        raise RuntimeError(f"store lookup of {container_id} crashed")
+
+    bed.layer.interceptor.loader.ensure_container = broken  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("policy", ["Fail", "Ignore"])
+async def test_error_inside_the_hook_layer(bed: HookBed, policy: str) -> None:
+    server = await bed.server("starter")
+    server.set(P.PRE_START_CONTAINER, Respond())
+    await bed.register(server, policy=policy)
+    pod = bed.pod_config("layerbug")
+    sandbox_id = await bed.run_pod(pod)
+    container_id = await bed.create(sandbox_id, pod, bed.container_config())
+    _break_store(bed)
+    with capture_logs() as logs:
+        if policy == "Fail":
+            error = await rpc_error(bed.start(container_id))
+            assert error.code() == grpc.StatusCode.INTERNAL
+            details = error.details() or ""
+            assert "RuntimeError: store lookup" in details and "PreStartContainer" in details
+            action, state = "refused", cri.CONTAINER_CREATED  # containerd never started it
+        else:
+            await bed.start(container_id)
+            action, state = "relayed_unchanged", cri.CONTAINER_RUNNING
+    status = await bed.direct.ContainerStatus(cri.ContainerStatusRequest(container_id=container_id))
+    assert status.status.state == state
+    assert layer_errors(bed, "StartContainer", action) == 1
+    assert server.calls(P.PRE_START_CONTAINER) == []
+    errors = [entry for entry in logs if entry["log_level"] == "error"]
+    assert errors and "RuntimeError: store lookup" in errors[0]["error"]
+    (line,) = [entry for entry in logs if entry["event"] == "lifecycle call"]
+    assert line["method"] == "StartContainer" and line["log_level"] == "warning"
+
+
+async def test_error_inside_the_hook_layer_with_no_server_relays(bed: HookBed) -> None:
+    """No hook server at all: the proxy's own bug must not stop the node's pods."""
+    pod = bed.pod_config("nohooks")
+    sandbox_id = await bed.run_pod(pod)
+    container_id = await bed.create(sandbox_id, pod, bed.container_config())
+    _break_store(bed)
+    await bed.start(container_id)
+    status = await bed.direct.ContainerStatus(cri.ContainerStatusRequest(container_id=container_id))
+    assert status.status.state == cri.CONTAINER_RUNNING
+    assert layer_errors(bed, "StartContainer", "relayed_unchanged") == 1
