@@ -19,6 +19,9 @@ import pytest
 from runtimeproxy.testbed import Containerd, ContainerdBuild, RuntimeFetchError
 from runtimeproxy.testbed.runtimes import SERIES_SUITES, locate
 
+# Fixtures shared by several test modules, kept beside their helpers.
+pytest_plugins = ("hook_bed",)
+
 # containerd's own binaries come from each build (runtimes.BINARIES); these from the system.
 _REQUIRED_BINARIES = ("runc", "mount", "ip")
 SERIES_ENV = "RUNTIMEPROXY_CONTAINERD_SERIES"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from runtimeproxy.testbed import Containerd
 
 T = TypeVar("T")
 
+CGROUP = Path("/sys/fs/cgroup")
 PROXY = [sys.executable, "-c", "from runtimeproxy.cli import main; main()"]
 
 READY_TIMEOUT = 20.0
@@ -171,6 +173,7 @@ class ProxyAndHooks:
         self.proxy_endpoint = self.workdir / "proxy.sock"
         self.hooks_endpoint = self.workdir / "hooks.sock"
         self.services: list[Daemon] = []
+        self.parents: list[str] = []  # pod cgroups a test made, removed by ``close``
         self.drop_env = drop_env
         self.stop_timeout = stop_timeout
 
@@ -224,3 +227,27 @@ class ProxyAndHooks:
     def kill_daemons(self) -> None:
         for service in reversed(self.services):
             service.kill()
+
+    def close(self) -> None:
+        """Kill the daemons, remove the test bed's pods, the pod cgroups in ``parents`` and the
+        work directory, each even when an earlier step failed."""
+        try:
+            self.kill_daemons()
+        finally:
+            try:
+                self.containerd.remove_all_pods()
+            finally:
+                for parent in self.parents:
+                    remove_pod_cgroups(parent)
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def remove_pod_cgroups(parent: str) -> None:
+    """rmdir the pod's cgroup (and anything left below it) in every hierarchy, bottom-up."""
+    for hierarchy in CGROUP.iterdir():
+        top = hierarchy / parent.lstrip("/")
+        if hierarchy.is_symlink() or not top.is_dir():
+            continue
+        for directory, _dirs, _files in os.walk(top, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)

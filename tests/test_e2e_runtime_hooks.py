@@ -23,10 +23,8 @@ put on the PYTHONPATH of that one runtime-hooks subprocess.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import sys
 import textwrap
 import time
@@ -206,7 +204,6 @@ class Node(ProxyAndHooks):
         self.proxy: Daemon | None = None
         self.hooks: Daemon | None = None
         self.metrics_url = ""
-        self.parents: list[str] = []  # pod cgroups to remove afterwards
 
     # -- starting --
 
@@ -251,17 +248,6 @@ class Node(ProxyAndHooks):
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rtpx-e2e-extra-plugins\nVersion: 0.1\n")
         (dist / "entry_points.txt").write_text(EXTRA_PLUGINS_ENTRY_POINTS)
         return directory
-
-    def close(self) -> None:
-        try:
-            self.kill_daemons()
-        finally:
-            try:
-                self.containerd.remove_all_pods()
-            finally:
-                for parent in self.parents:
-                    remove_pod_cgroups(parent)
-                shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- reading --
 
@@ -365,17 +351,6 @@ def has(controller: str, name: str, parent: str, container_id: str | None = None
 def threads(parent: str, container_id: str) -> set[int]:
     """The container's thread ids, from its real v1 cgroup's ``tasks``."""
     return {int(word) for word in read("cpu", "tasks", parent, container_id).split()}
-
-
-def remove_pod_cgroups(parent: str) -> None:
-    """rmdir the pod's cgroup (and anything left below it) in every hierarchy, bottom-up."""
-    for hierarchy in CGROUP.iterdir():
-        top = hierarchy / parent.lstrip("/")
-        if hierarchy.is_symlink() or not top.is_dir():
-            continue
-        for directory, _dirs, _files in os.walk(top, topdown=False):
-            with contextlib.suppress(OSError):
-                os.rmdir(directory)
 
 
 def kubelet_creates_pod_cgroup(cpu_quota: int) -> Callable[[str], None]:

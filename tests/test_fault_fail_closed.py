@@ -1,6 +1,6 @@
 """Fault injection, issue 7 items 1 and 3: under a Fail policy nothing passes unhooked.
 
-Against the real containerd, through the in-process proxy of test_e2e_hooks: a hook server
+Against the real containerd, through the in-process proxy of hook_bed.py: a hook server
 whose answer does not decode, a request that is not one valid message (two messages,
 strings that are not UTF-8), and an error inside the hook layer itself. Under Fail each
 call is refused and containerd never sees it; with only Ignore servers the call goes on
@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
 from fake_runtime import RawH2Client
+from hook_bed import CALL_TIMEOUT, HookBed, rpc_error
 from hook_servers import Respond, write_registration
 from structlog.testing import capture_logs
-from test_e2e_hooks import CALL_TIMEOUT, HookBed, rpc_error
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.relay import grpc_wire
-from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
@@ -68,16 +66,6 @@ class GarbageHookServer:
     async def stop(self) -> None:
         if self._server is not None:
             await self._server.stop(0)
-
-
-@pytest.fixture
-async def bed(containerd: Containerd) -> AsyncIterator[HookBed]:
-    hook_bed = HookBed(containerd)
-    try:
-        await hook_bed.start_proxy()
-        yield hook_bed
-    finally:
-        await hook_bed.close()
 
 
 def layer_errors(bed: HookBed, method: str, action: str) -> float:

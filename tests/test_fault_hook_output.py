@@ -1,7 +1,7 @@
 """Fault injection, issue 7 items 4 to 6: hook answers that look valid but that containerd,
 runc or the kernel refuse, or that break the cgroup layout.
 
-Against the real containerd, through the in-process proxy of test_e2e_hooks, a hook server
+Against the real containerd, through the in-process proxy of hook_bed.py, a hook server
 answers an env name with '=', a systemd slice as cgroup parent on this cgroupfs node, a
 label over containerd's size limit, cpu_quota 2**62, a 1-byte memory limit, a CPU the node
 does not have, 100,000 env vars or a 15 MB env value. Under Fail the call is refused with
@@ -13,21 +13,20 @@ containerd has (its verbose status, the cgroup files). No log line carries such 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hook_bed import CGROUP_CPU, HookBed, cgroup_file, rpc_error
 from hook_servers import Custom
 from structlog.testing import capture_logs
-from test_e2e_hooks import CGROUP_CPU, HookBed, cgroup_file, rpc_error
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.limits import NodeFacts, format_cpuset
-from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
@@ -37,16 +36,6 @@ ENVS = [("KEEP", b"1"), ("A", b"x=y")]
 RESOURCES = cri.LinuxContainerResources(cpu_shares=512, cpu_period=100000)
 BIG = "x" * 5000  # a label value over containerd's 4096 bytes
 MEMORY_CGROUP = Path("/sys/fs/cgroup/memory")
-
-
-@pytest.fixture
-async def bed(containerd: Containerd) -> AsyncIterator[HookBed]:
-    hook_bed = HookBed(containerd)
-    try:
-        await hook_bed.start_proxy()
-        yield hook_bed
-    finally:
-        await hook_bed.close()
 
 
 def slice_of_root(bed: HookBed) -> str:

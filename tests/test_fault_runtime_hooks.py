@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -75,7 +74,6 @@ class Node(ProxyAndHooks):
         (self.plugins / "rtpx_e2e_strict.py").write_text(STRICT_PLUGIN)
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rtpx-e2e-strict\nVersion: 0.1\n")
         (dist / "entry_points.txt").write_text("[runtimeproxy.hooks]\ne2e-strict = rtpx_e2e_strict:plugin\n")
-        self.parents: list[str] = []
 
     def start(self, *hooks_options: str) -> tuple[Daemon, Daemon]:
         proxy = self.start_daemon("proxy", self.proxy_args())
@@ -119,19 +117,6 @@ class Node(ProxyAndHooks):
         container_id = cri.runtime.CreateContainer(request, timeout=CALL_TIMEOUT).container_id
         cri.runtime.StartContainer(pb.StartContainerRequest(container_id=container_id), timeout=CALL_TIMEOUT)
         return pod_id, container_id
-
-    def close(self) -> None:
-        try:
-            self.kill_daemons()
-        finally:
-            try:
-                self.containerd.remove_all_pods()
-            finally:
-                for parent in self.parents:  # the pod cgroups runc leaves behind (the test bed removes them too)
-                    for hierarchy in CGROUP.iterdir():
-                        with contextlib.suppress(OSError):
-                            (hierarchy / parent.strip("/")).rmdir()
-                shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @pytest.fixture
