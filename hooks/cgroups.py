@@ -53,6 +53,15 @@ version's file, and the ``set_*`` helpers write the right file in the right form
 A helper for a file the kernel does not have (``cpu.cfs_burst_us`` before Linux 5.14,
 ``cpu.bvt_warp_ns`` outside Anolis, ``memory.min`` on v1) raises :class:`CgroupUnsupported`;
 ask :meth:`CgroupFS.has_file` first to skip quietly.
+
+**systemd driver.** There systemd owns the pod slices and puts its own values back into them
+(docs/systemd.md). Every successful :meth:`CgroupFS.write` is shown to the handle's
+``listener`` (:class:`WriteListener`, a :class:`CgroupWrite`); runtime-hooks serving with
+``--cgroup-driver systemd`` passes :class:`~.systemd_sync.SystemdSync`, which sets the value
+as the unit's property too. Plugins call the same helpers either way. And
+:meth:`CgroupFS.create_pod_cgroup` never makes a pod cgroup under that driver: kubelet makes
+pod slices through systemd, and a directory made beside it would become a slice systemd
+adopts and keeps after the pod is gone.
 """
 
 from __future__ import annotations
@@ -62,9 +71,10 @@ import errno
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import structlog
 
@@ -84,7 +94,9 @@ __all__ = [
     "CgroupScopeError",
     "CgroupUnsupported",
     "CgroupVersion",
+    "CgroupWrite",
     "PodRoots",
+    "WriteListener",
     "detect_version",
     "expand_slice",
     "parent_path",
@@ -337,13 +349,34 @@ def _write_file(path: Path, data: bytes) -> None:
         raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} bytes", str(path))
 
 
+@dataclass(frozen=True)
+class CgroupWrite:
+    """One successful :meth:`CgroupFS.write`: what was written where. ``cgroup`` is the cgroup's
+    directory below its hierarchy root, ``/``-separated ("" for the root)."""
+
+    controller: str
+    file: str
+    data: bytes
+    parent: str
+    container_id: str | None
+    cgroup: str
+
+
+class WriteListener(Protocol):
+    """Told of every successful write of a CgroupFS, right after it (in the writer's thread).
+    It must not raise: the write is done either way."""
+
+    def written(self, cgroups: CgroupFS, write: CgroupWrite) -> None: ...
+
+
 class CgroupFS:
     """The cgroup hierarchy at ``root``, for ``driver`` (``cgroupfs`` or ``systemd``); see the module doc.
 
     The version is detected on first use (CgroupUnsupported if ``root`` is no cgroup mount)
     and cached; pass ``version`` to skip detection. Methods take the pod's CRI cgroup parent
     and optionally a container id; ``controller`` picks the v1 hierarchy (ignored on v2).
-    Writes go only below ``pod_roots`` (PodRoots; kubelet's defaults when not given).
+    Writes go only below ``pod_roots`` (PodRoots; kubelet's defaults when not given); each
+    successful one is shown to ``listener`` when there is one.
     """
 
     def __init__(
@@ -353,11 +386,13 @@ class CgroupFS:
         *,
         version: CgroupVersion | None = None,
         pod_roots: PodRoots | None = None,
+        listener: WriteListener | None = None,
     ) -> None:
         if driver not in DRIVERS:
             raise ValueError(f"cgroup driver must be one of {', '.join(DRIVERS)}, got {driver!r}")
         self.root = Path(root)
         self.pod_roots = pod_roots if pod_roots is not None else PodRoots()
+        self.listener = listener
         self._resolved_root: str | None = None
         self.driver: CgroupDriver = driver
         self._version = version
@@ -469,15 +504,21 @@ class CgroupFS:
         self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None
     ) -> None:
         """Write ``value`` to ``file`` with one write(2). The file must exist (cgroup files are never
-        created), in a pod's or container's cgroup (:meth:`pod_path`)."""
+        created), in a pod's or container's cgroup (:meth:`pod_path`). Then the listener is told."""
         data = _format(value)
-        _write_file(self.pod_path(controller, parent, container_id, file), data)
+        path = self.pod_path(controller, parent, container_id, file)
+        _write_file(path, data)
+        if self.listener is not None:
+            cgroup = path.parent.relative_to(self._hierarchy(controller)).as_posix()
+            write = CgroupWrite(controller, file, data, parent, container_id, "" if cgroup == "." else cgroup)
+            self.listener.written(self, write)
 
     def create_pod_cgroup(self, parent: str, controller: str = "cpu", *, log: Any = log) -> list[Path]:
         """Make the pod cgroup ``parent`` and its missing ancestors in ``controller``'s hierarchy, as
         kubelet names them; the directories made, top first (none when it exists).
 
-        Only a pod cgroup (:meth:`pod_path`); CgroupUnsupported without the hierarchy. On v2 the
+        Only a pod cgroup (:meth:`pod_path`); CgroupUnsupported without the hierarchy, and under
+        the systemd driver for a pod cgroup that is missing (see the module doc). On v2 the
         parent of each new cgroup first gets ``+controller`` in ``cgroup.subtree_control``, as
         kubelet and runc do, so that the new cgroup has the controller's files; a parent that
         refuses it is logged, and the cgroup is made all the same.
@@ -486,6 +527,11 @@ class CgroupFS:
         base = self._hierarchy(controller)
         if not base.is_dir():
             raise CgroupUnsupported(f"no {controller} cgroup hierarchy at {base}")
+        if self.driver == "systemd" and not target.is_dir():
+            raise CgroupUnsupported(
+                f"{target} not created: with the systemd cgroup driver kubelet makes pod slices through "
+                "systemd, and one made here would stay a systemd slice after the pod"
+            )
         parts = target.relative_to(base).parts
         made: list[Path] = []
         for depth in range(1, len(parts) + 1):  # each a prefix of target, which pod_path checked

@@ -12,6 +12,7 @@ separated by spaces...), shown in each help.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -32,7 +33,7 @@ from runtimeproxy.logs import configure_logging
 from runtimeproxy.metrics import start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 
-from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, PodRoots
+from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots
 from .policy import DEFAULT_POLICY, Policy, PolicyError, PolicyWatcher, dump_policy, load_policy
 from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
@@ -45,6 +46,8 @@ from .server import (
     RuntimeHooksServer,
     ServerSettings,
 )
+from .systemd_bus import SystemdBus
+from .systemd_sync import SystemdSync
 
 __all__ = ["cli", "main"]
 
@@ -179,6 +182,14 @@ _resctrl_root_option = click.option(
     help="Seconds served on SIGTERM after removing the registration: the proxy rescans its hook "
     "config directory every 0.2 s and must notice before calls go unanswered.",
 )
+@click.option(
+    "--systemd-bus-address",
+    default="",
+    show_envvar=True,
+    help="With --cgroup-driver systemd on cgroup v2, what plugins write into pod slices and container "
+    "scopes is also set as the units' properties, so that systemd keeps it: the D-Bus address to "
+    "reach systemd at.  [default: the system bus]",
+)
 @metrics_address_option(9317)
 @logging_options()
 def serve(
@@ -194,6 +205,7 @@ def serve(
     runtime_endpoint: str,
     max_message_size: int,
     deregister_grace: float,
+    systemd_bus_address: str,
     metrics_address: str,
     log_level: str,
     log_format: str,
@@ -216,8 +228,11 @@ def serve(
     policy_listeners: list[Callable[[Policy], object]] = []
     watcher = PolicyWatcher(policy_file, on_change=_fan_out(policy_listeners)) if policy_file else None
     resctrl = ResctrlFS(Path(resctrl_root))
+    registry = CollectorRegistry()
+    cgroups = CgroupFS(cgroup_root, cgroup_driver, pod_roots=cgroup_parent_roots)
+    systemd = _systemd_sync(cgroups, systemd_bus_address, registry)
     context = ServerContext(
-        cgroups=CgroupFS(cgroup_root, cgroup_driver, pod_roots=cgroup_parent_roots),
+        cgroups=cgroups,
         resctrl=resctrl if resctrl.available() else None,
         policy=(lambda: watcher.current) if watcher is not None else (lambda: DEFAULT_POLICY),
         settings={
@@ -229,9 +244,9 @@ def serve(
             "resctrl_root": resctrl_root,
             "policy_file": policy_file,
             "runtime_endpoint": runtime_endpoint,
+            "systemd_bus_address": systemd_bus_address,
         },
     )
-    registry = CollectorRegistry()
     try:
         runner = PluginRunner(
             discovery.plugins, enable=enable or None, disable=disable, context=context, registry=registry
@@ -244,7 +259,9 @@ def serve(
         deregister_grace=deregister_grace,
         max_message_size=max_message_size,
     )
-    serving = _Serving(runner, settings, watcher, policy_listeners, registry, metrics_address, runtime_endpoint)
+    serving = _Serving(
+        runner, settings, watcher, policy_listeners, registry, metrics_address, runtime_endpoint, systemd
+    )
     try:
         code = asyncio.run(_serve(serving))
     except (AlreadyServing, HookCallFailed, OSError, ValueError) as exc:
@@ -265,6 +282,20 @@ def _refuse(reason: str) -> NoReturn:
     sys.exit(1)
 
 
+def _systemd_sync(cgroups: CgroupFS, address: str, registry: CollectorRegistry) -> SystemdSync | None:
+    """Under the systemd driver on cgroup v2, what makes systemd keep the plugins' values in its
+    units (hooks/systemd_sync.py), attached to ``cgroups``; None elsewhere."""
+    if cgroups.driver != "systemd":
+        return None
+    if not cgroups.available() or cgroups.version is not CgroupVersion.V2:
+        log.info("systemd unit properties off: the cgroup root is no cgroup v2 mount", cgroup_root=str(cgroups.root))
+        return None
+    sync = SystemdSync(SystemdBus(address, registry=registry), registry=registry)
+    cgroups.listener = sync
+    log.info("systemd unit properties on", bus=address or "the system bus")
+    return sync
+
+
 def _fan_out(listeners: list[Callable[[Policy], object]]) -> Callable[[Policy], None]:
     """One PolicyWatcher on_change that calls every listener added to ``listeners`` since."""
 
@@ -277,7 +308,7 @@ def _fan_out(listeners: list[Callable[[Policy], object]]) -> Callable[[Policy], 
 
 class _Serving:
     """What _serve needs: the runner and server settings, the policy watcher and its
-    listeners, metrics, and the runtime the reconciler reads ("" for none)."""
+    listeners, metrics, the runtime the reconciler reads ("" for none), and the systemd sync."""
 
     def __init__(
         self,
@@ -288,6 +319,7 @@ class _Serving:
         registry: CollectorRegistry,
         metrics_address: str,
         runtime_endpoint: str,
+        systemd: SystemdSync | None = None,
     ) -> None:
         self.runner = runner
         self.settings = settings
@@ -296,6 +328,7 @@ class _Serving:
         self.registry = registry
         self.metrics_address = metrics_address
         self.runtime_endpoint = runtime_endpoint
+        self.systemd = systemd
 
 
 def _start_reconciler(serving: _Serving) -> Reconciler | None:
@@ -333,6 +366,7 @@ async def _serve(serving: _Serving) -> int:
     watchdog = Watchdog()  # WATCHDOG=1 every WatchdogSec/2 from this loop: a wedged loop gets restarted
     watchdog.start()
     reconciler = _start_reconciler(serving)
+    systemd = loop.create_task(serving.systemd.run(), name="runtime-hooks-systemd") if serving.systemd else None
     notify("READY=1\nSTATUS=serving runtime hooks")
     log.info("ready", metrics_address=metrics_server.address if metrics_server else None)
     await stop.wait()
@@ -340,6 +374,12 @@ async def _serve(serving: _Serving) -> int:
     if reconciler is not None:
         await reconciler.stop()  # before the plugins' on_stop: no round may run on stopped plugins
     await server.stop()
+    if systemd is not None and serving.systemd is not None:  # after the server: its last writes still go out
+        with contextlib.suppress(TimeoutError):
+            await serving.systemd.bus.flush(2.0)
+        systemd.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await systemd
     watchdog.stop()
     if watcher is not None:
         await watcher.stop()

@@ -320,10 +320,12 @@ class PrivateApt:
         raise RuntimeFetchError(f"apt-cache show {package}/{self.suite} gave no Version")
 
 
-def _give_to_apt(path: Path) -> None:
-    """apt downloads as the unprivileged _apt user: let it write into `path`."""
+def _give_to_apt(work: Path, download: Path) -> None:
+    """apt downloads as the unprivileged _apt user (else it warns and downloads as root):
+    let it reach `download` inside the private `work` directory and write there."""
     with contextlib.suppress(KeyError, PermissionError):
-        os.chown(path, pwd.getpwnam("_apt").pw_uid, -1)
+        os.chown(download, pwd.getpwnam("_apt").pw_uid, -1)
+        work.chmod(0o711)
 
 
 def fetch(suite: str, cache: Path | None = None, *, etc: Path = APT_ETC,
@@ -345,7 +347,7 @@ def fetch(suite: str, cache: Path | None = None, *, etc: Path = APT_ETC,
             return build
         download = work / "download"
         download.mkdir()
-        _give_to_apt(download)
+        _give_to_apt(work, download)
         apt.run("apt-get", "download", f"containerd={debian_version}", cwd=download)
         debs = sorted(download.glob("containerd_*.deb"))
         if len(debs) != 1:
