@@ -24,8 +24,10 @@ the proxy, and a hook point no enabled plugin handles answers UNIMPLEMENTED.
 **Handlers take keyword arguments only, and must accept ``**kwargs``** (checked when the
 handler is registered). The server passes every argument in :data:`HANDLER_KWARGS`; a
 handler names the ones it uses and lets ``**kwargs`` take the rest, so arguments added in
-later versions never break it. Sync and async functions both work; a sync handler runs in a
-worker thread so that a slow one cannot stall the server.
+later versions never break it. That is also the one way to say whether a handler blocks: an
+``async def`` handler runs on the server's event loop (quick, non-blocking work; cancelled past
+its timeout), a plain ``def`` one in a worker thread (it may block; past its timeout its thread
+runs on, detached).
 
 **Each handler writes its own** :class:`HookResponse`. It is merged into the call's
 response only when the handler returns normally within its plugin's timeout and its changes
@@ -34,8 +36,9 @@ pass the proxy's checks; otherwise the changes are discarded and the plugin's
 go on, ``"fail"`` fails the whole hook call (the proxy gets an error naming the plugin and
 the reason). Plugins run one after another in (``order``, ``name``) order, every one sees
 the request as the proxy sent it, and later plugins' changes win where two set the same
-thing. Calls about different pods may overlap, so one handler can run several times at
-once (sync ones in separate threads): guard state shared between calls.
+thing (each such overwrite is logged and counted: hooks/overwrites.py). Calls about different
+pods may overlap, so one handler can run several times at once (sync ones in separate
+threads): guard state shared between calls.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint, parse_hook_poi
 from runtimeproxy.metrics import DURATION_BUCKETS
 
 from . import policy as policy_mod
+from .overwrites import ENV_KIND, FieldOwners, Overwrite
 from .podview import plugin_view
 from .qos import QoSClass, QoSResolution, resolve_qos
 
@@ -420,6 +424,26 @@ class HookResponse:
         changes = (self.annotations, self.labels, len(self.env), self.cgroup_parent)
         return self.resources.is_empty() and not any(changes)
 
+    def set_fields(self) -> Iterator[tuple[str, str, Any]]:
+        """(field, kind, value) of every field these changes set. A map entry is a field of its
+        own (``annotations[key]``, ``env[NAME]``) whose kind is the map's name, so kinds are few."""
+        for name in (*_INT_FIELDS, *_STR_FIELDS):
+            value = getattr(self.resources, name)
+            if value:  # 0 / "" means "leave as it is"
+                yield f"resources.{name}", f"resources.{name}", value
+        if self.resources.hugepage_limits:
+            yield "resources.hugepage_limits", "resources.hugepage_limits", list(self.resources.hugepage_limits)
+        maps = (
+            ("resources.unified", self.resources.unified),
+            ("annotations", self.annotations),
+            ("labels", self.labels),
+        )
+        for kind, mapping in (*maps, (ENV_KIND, dict(self.env.items()))):
+            for key, value in mapping.items():
+                yield f"{kind}[{key}]", kind, value
+        if self.cgroup_parent:
+            yield "cgroup_parent", "cgroup_parent", self.cgroup_parent
+
     def merge(self, other: HookResponse) -> None:
         """Lay ``other``'s changes over these (later plugins win)."""
         self.resources.update(other.resources)
@@ -498,14 +522,6 @@ class Handler:
     fn: Callable[..., Any]
     is_async: bool
     name: str
-
-
-def _call_inline(handler: Handler, kwargs: dict[str, Any]) -> _Called:
-    """A non-blocking plugin's plain handler, called right here on the event loop."""
-    try:
-        return "ok", "", handler.fn(**kwargs)
-    except Exception as exc:
-        return "error", _reason(exc), None
 
 
 @dataclass
@@ -597,11 +613,11 @@ class Plugin:
     * ``policy_section``: the section of the policy file the plugin reads (``policy`` /
       ``policy_section`` arguments); default: the plugin's name if the policy has such a
       section, else none.
-    * ``blocking``: whether its plain (``def``) handlers may block. True (the default) runs
-      each call on a thread of its own, so a hanging handler cannot stall the server.
-      False runs them on the event loop, saving the thread hand-off (a large part of a
-      quick handler's cost); only for handlers that do quick, non-blocking work such as
-      writing cgroup files. Their timeout then cannot interrupt them.
+
+    How a handler runs follows from how it is written: an ``async def`` handler runs on the
+    server's event loop (it must not block; past its timeout it is cancelled), a plain
+    ``def`` handler in a worker thread of its own (it may block; past its timeout its
+    thread runs on, detached). Either way a call past its timeout counts as "timeout".
     """
 
     def __init__(
@@ -614,7 +630,6 @@ class Plugin:
         timeout: float = 1.0,
         description: str = "",
         policy_section: str | None = None,
-        blocking: bool = True,
     ) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise PluginDefinitionError(
@@ -643,7 +658,6 @@ class Plugin:
         self.timeout = float(timeout)
         self.description = description
         self.policy_section = section
-        self.blocking = bool(blocking)
         self._handlers: dict[HookPoint, Handler] = {}
         self.start_handler: Handler | None = None
         self.stop_handler: Handler | None = None
@@ -859,6 +873,13 @@ class PluginMetrics:
             buckets=DURATION_BUCKETS,
             registry=reg,
         )
+        self.overwrites = Counter(
+            "runtimeproxy_hooks_plugin_overwrites",
+            "Values one plugin set that a later plugin replaced in the same hook call, by field "
+            "(a map's name for its entries: annotations, labels, env, resources.unified).",
+            ["field"],
+            registry=reg,
+        )
 
     def record(self, plugin: str, hook: str, outcome: Outcome, seconds: float) -> None:
         self.calls.labels(plugin=plugin, hook=hook, outcome=outcome).inc()
@@ -1003,6 +1024,7 @@ class PluginRunner:
         if container is not None:
             bound["container"] = container.name
         pod = self._view(pod, policy, log.info, bound)
+        owners = FieldOwners()
         for plugin in self._by_point[point]:
             handler = plugin.handler(point)
             assert handler is not None
@@ -1029,6 +1051,7 @@ class PluginRunner:
                 if problems:
                     outcome, reason = "invalid", "; ".join(problems)
             if outcome == "ok":
+                owners.take(plugin.name, response, functools.partial(self._overwritten, bound))
                 result.response.merge(response)
                 result.applied.append(plugin.name)
                 continue
@@ -1147,8 +1170,6 @@ class PluginRunner:
         started = time.perf_counter()
         if handler.is_async:
             called = await self._call_async(plugin, handler, kwargs)
-        elif not plugin.blocking:
-            called = _call_inline(handler, kwargs)
         else:
             called = await self._call_sync(plugin, handler, kwargs)
         self.metrics.record(plugin.name, hook, called[0], time.perf_counter() - started)
@@ -1222,6 +1243,10 @@ class PluginRunner:
             log.info("timed-out plugin call ended", plugin=plugin.name, error=_reason(exc) if exc is not None else None)
 
         future.add_done_callback(finished)
+
+    def _overwritten(self, bound: Mapping[str, str], overwrite: Overwrite) -> None:
+        self.metrics.overwrites.labels(field=overwrite.kind).inc()
+        log.warning("plugin overwrote another plugin's value", **bound, **overwrite.log_fields())
 
     @staticmethod
     def _log_failure(failure: PluginFailure, bound: Mapping[str, str]) -> None:

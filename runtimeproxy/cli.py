@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import signal
 import sys
 from typing import ClassVar
@@ -22,11 +23,12 @@ from runtimeproxy.endpoints import EndpointError, socket_path
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
 from runtimeproxy.malloc import return_large_blocks_to_the_kernel
-from runtimeproxy.metrics import CallMetrics, start_metrics_server
+from runtimeproxy.metrics import CallMetrics, parse_address, start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 from runtimeproxy.server import ProxyServer, ProxySettings
 
 log = structlog.get_logger("runtimeproxy.cli")
+
 
 def _optional_size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     return None if value is None else _size_option(ctx, param, value)
@@ -176,6 +178,12 @@ def serve(
 ) -> None:
     """Serve the CRI on ENDPOINT and relay it to the runtime."""
     configure_logging(log_level.lower(), log_format.lower())
+    if metrics_address:  # refused before anything is bound or logged as serving
+        try:
+            parse_address(metrics_address)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--metrics-address") from None
+    _prepare_hook_config_dir(hook_config_dir)
     settings = ProxySettings(
         endpoint=endpoint,
         runtime_backend=remote_runtime_endpoint,
@@ -205,6 +213,31 @@ def serve(
         click.echo(f"runtime-proxy: {exc}", err=True)
         sys.exit(1)
     sys.exit(code)
+
+
+def _prepare_hook_config_dir(path: str) -> None:
+    """Create the registration directory when missing (0750: registrations say which servers
+    see every pod), so that hook servers can register later; warn when it cannot be read."""
+    if not os.path.exists(path):
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            os.mkdir(path, 0o750)
+            os.chmod(path, 0o750)  # mkdir's mode went through the umask
+        except OSError as exc:
+            if isinstance(exc, FileExistsError) and os.path.isdir(path):
+                return  # made meanwhile by someone else: theirs, left as it is
+            log.warning("cannot create the hook config directory; no hooks until it exists", path=path, error=str(exc))
+            return
+        else:
+            log.info("created the hook config directory", path=path, mode="0750")
+    try:
+        os.listdir(path)
+    except OSError as exc:
+        log.warning(
+            "hook config directory is not readable; hook servers registered there are not called",
+            path=path,
+            error=str(exc),
+        )
 
 
 async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_address: str) -> int:
@@ -237,8 +270,6 @@ async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_a
     if metrics_server is not None:
         metrics_server.close()
     return 0
-
-
 
 
 def main() -> None:

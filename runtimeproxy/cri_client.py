@@ -10,6 +10,7 @@ other gRPC target (``dns:///host:port``...), passed on as it is.
 from __future__ import annotations
 
 import os
+import socket
 from types import TracebackType
 from typing import Any
 
@@ -18,7 +19,7 @@ import grpc
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc
 from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "CriClient", "grpc_target"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "CriClient", "grpc_target", "unix_socket_path", "unix_socket_served"]
 
 DEFAULT_MAX_MESSAGE_BYTES = DEFAULT_MAX_MESSAGE_SIZE
 
@@ -27,9 +28,33 @@ def grpc_target(endpoint: str) -> str:
     """The gRPC target for an endpoint: a path becomes ``unix://<absolute path>``."""
     if not endpoint:
         raise ValueError("empty CRI endpoint")
-    if endpoint.startswith("unix:") or "://" in endpoint:
+    if endpoint.startswith(("unix:", "unix-abstract:")) or "://" in endpoint:
         return endpoint
     return "unix://" + os.path.abspath(endpoint)
+
+
+def unix_socket_path(endpoint: str) -> str | None:
+    """The filesystem path of a unix-socket endpoint; None for other targets (abstract included)."""
+    target = grpc_target(endpoint)
+    for prefix in ("unix://", "unix:"):
+        if target.startswith(prefix):  # "unix-abstract:" does not match
+            return target.removeprefix(prefix)
+    return None
+
+
+def unix_socket_served(endpoint: str) -> bool | None:
+    """Whether something accepts connections on the endpoint's socket; None when the endpoint
+    is no unix socket path (nothing to check without speaking its protocol)."""
+    path = unix_socket_path(endpoint)
+    if path is None:
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except OSError:  # missing, not a socket, refused (no listener), no permission
+            return False
+    return True
 
 
 class CriClient:

@@ -3,7 +3,7 @@
 It starts a private containerd in a temporary root (the same test bed the end-to-end
 tests use), the runtime-hooks server with its built-in QoS plugins, the proxy daemon in
 front of containerd calling that server, and plays a pod through the proxy with
-``runtime-proxy play``: every relayed CRI call and every hook shows in the logs.
+``runtime-proxy play``: every lifecycle CRI call and every hook shows in the logs.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def run_demo(manifest: Path, keep_seconds: float) -> int:
             _wait_for(daemons[-1], proxy_socket, "runtime-proxy")
             _say(f"runtime-proxy serving on unix://{proxy_socket} with runtime-hooks; playing {manifest}")
             play = [*CLI, "play", str(manifest), "--endpoint", str(proxy_socket), "--cgroup-root", bed.cgroup_prefix]
+            play += ["--log-dir", str(workdir / "pods")]  # removed with the workdir, never left behind
             _run(play)
             if keep_seconds:
                 _say(f"pod is running; deleting it in {keep_seconds:g} s")
@@ -74,8 +75,8 @@ def run_demo(manifest: Path, keep_seconds: float) -> int:
 def _start_proxy(socket: Path, backend: str, hook_dir: Path, cgroup_root: str) -> subprocess.Popen[bytes]:
     args = [*CLI, "serve", "--endpoint", str(socket), "--remote-runtime-endpoint", backend]
     args += ["--hook-config-dir", str(hook_dir), "--cgroup-parent-root", cgroup_root]
-    # debug shows every relayed call, not only the lifecycle ones.
-    return subprocess.Popen([*args, "--log-level", "debug", "--log-format", "console"], cwd=socket.parent)
+    # info shows each lifecycle call with its hooks; debug would add every relayed call.
+    return subprocess.Popen([*args, "--log-level", "info", "--log-format", "console"], cwd=socket.parent)
 
 
 def _start_hooks(socket: Path, hook_dir: Path, runtime: str, pod_root: str) -> subprocess.Popen[bytes]:

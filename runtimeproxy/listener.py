@@ -23,6 +23,7 @@ __all__ = ["BACKLOG", "AlreadyServing", "UnixListener", "open_unix_listener"]
 BACKLOG = 1024
 _MAX_PATH = 107  # sizeof(sun_path) - 1 on Linux
 _PROBE_TIMEOUT = 1.0
+_LOCK_ATTEMPTS = 100  # each retry means another process released the lock meanwhile
 
 
 class AlreadyServing(Exception):
@@ -42,8 +43,9 @@ class UnixListener:
     """A bound, listening, non-blocking unix socket plus the lock that guards its path.
 
     Hand ``sock`` to the server (e.g. ``asyncio.start_unix_server(sock=...)``) and call
-    ``close()`` on shutdown. The lock file is left in place on purpose: unlinking a lock
-    file lets two processes end up holding locks on different inodes.
+    ``close()`` on shutdown. The lock file is removed too, while still locked; a contender
+    that locked the removed file checks that its lock is on the file at the path and tries
+    again otherwise, so two processes never hold locks on different inodes.
     """
 
     path: str
@@ -62,7 +64,7 @@ class UnixListener:
         self._closed = True
         self.sock.close()
         _unlink_if_ours(self.path, self._ident)
-        _release_lock(self.lock_fd)
+        _release_lock(self.path, self.lock_fd)
 
     def __enter__(self) -> UnixListener:
         return self
@@ -99,7 +101,7 @@ def open_unix_listener(
         _remove_stale_socket(path)
         sock, ident = _bind(path, mode, gid)
     except BaseException:
-        _release_lock(lock_fd)
+        _release_lock(path, lock_fd)
         raise
     return UnixListener(path, sock, lock_fd, ident)
 
@@ -131,16 +133,22 @@ def _ensure_dir(directory: str, dir_mode: int, gid: int | None) -> None:
 
 def _acquire_lock(path: str) -> int:
     lock_path = path + ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read_pid(fd)
-        os.close(fd)
-        raise AlreadyServing(path, holder) from None
-    except BaseException:
-        os.close(fd)
-        raise
+    for _ in range(_LOCK_ATTEMPTS):
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            raise AlreadyServing(path, holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _is_file_at(lock_path, fd):
+            break
+        os.close(fd)  # locked a file its last holder removed on release: open the new one
+    else:
+        raise OSError(errno.EAGAIN, f"{lock_path} keeps being replaced; cannot take the lock", lock_path)
     # Record our pid so the next contender can name us in its error.
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -155,9 +163,22 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdecimal() else None
 
 
-def _release_lock(fd: int) -> None:
+def _is_file_at(path: str, fd: int) -> bool:
+    """Whether ``fd`` is the file now at ``path``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _release_lock(path: str, fd: int) -> None:
+    """Remove the lock file (while still holding it, and only if it is ours), then unlock."""
+    lock_path = path + ".lock"
     with contextlib.suppress(OSError):
-        os.ftruncate(fd, 0)  # no stale pid left behind to mislead a later reader
+        if _is_file_at(lock_path, fd):
+            os.unlink(lock_path)
     os.close(fd)  # closing the only descriptor drops the flock
 
 
@@ -167,9 +188,7 @@ def _remove_stale_socket(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise FileExistsError(
-            errno.EEXIST, f"{path} exists and is not a socket; refusing to replace it", path
-        )
+        raise FileExistsError(errno.EEXIST, f"{path} exists and is not a socket; refusing to replace it", path)
     if _is_live(path):
         raise AlreadyServing(path, reason="a server that does not use our lock answers on it")
     with contextlib.suppress(FileNotFoundError):

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks import overwrites
 from runtimeproxy.hooks import policy as policy_mod
 from runtimeproxy.hooks.qos import QoSClass, QoSResolution
 from runtimeproxy.hooks.sdk import (
@@ -34,6 +35,7 @@ from runtimeproxy.hooks.sdk import (
     ServerContext,
     discover_plugins,
 )
+from structlog.testing import capture_logs
 
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 
@@ -290,6 +292,88 @@ def test_response_merge_rules() -> None:
     assert not base.is_empty() and HookResponse(HookKind.POD).is_empty()
 
 
+def _overwrites(runner: PluginRunner, kind: str) -> float:
+    value = runner.metrics.registry.get_sample_value("runtimeproxy_hooks_plugin_overwrites_total", {"field": kind})
+    return value or 0.0
+
+
+async def test_an_overwrite_is_logged_once_naming_both_plugins_and_counted_by_field(make_runner: Any) -> None:
+    first, second, third = Plugin("first", order=1), Plugin("second", order=2), Plugin("third", order=3)
+
+    @first.on(CREATE)
+    def one(response: HookResponse, **kwargs: Any) -> None:
+        response.resources.cpu_quota = 10000
+        response.annotations["team"] = "a" * 200
+        response.env.set("TOKEN", "secret-one")
+        response.resources.cpu_shares = 2
+
+    @second.on(CREATE)
+    def two(response: HookResponse, **kwargs: Any) -> None:
+        response.resources.cpu_quota = 20000
+        response.annotations["team"] = "b" * 200
+        response.env.set("TOKEN", "secret-two")
+        response.resources.cpu_shares = 2  # the same value: no conflict
+
+    @third.on(CREATE)
+    def three(response: HookResponse, **kwargs: Any) -> None:
+        response.resources.cpu_quota = 30000
+
+    runner = make_runner(first, second, third)
+    with capture_logs() as logs:
+        result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+    assert result.response.resources.cpu_quota == 30000  # the later plugin still wins
+    assert result.response.env.items() == [("TOKEN", "secret-two")]
+    said = [e for e in logs if e["event"] == "plugin overwrote another plugin's value"]
+    assert [(e["field"], e["earlier"], e["later"]) for e in said] == [
+        ("resources.cpu_quota", "first", "second"),
+        ("annotations[team]", "first", "second"),
+        ("env[TOKEN]", "first", "second"),
+        ("resources.cpu_quota", "second", "third"),
+    ]
+    assert all(e["hook"] == CREATE.value and e["log_level"] == "warning" for e in said)
+    assert (said[0]["old"], said[0]["new"]) == ("10000", "20000")
+    assert len(said[1]["new"]) == overwrites.VALUE_CHARS and said[1]["new"].startswith("bbb")
+    assert "old" not in said[2] and "new" not in said[2]
+    assert "secret" not in repr(logs)  # env values never reach the log
+    assert _overwrites(runner, "resources.cpu_quota") == 2
+    assert _overwrites(runner, "annotations") == 1 and _overwrites(runner, "env") == 1
+    assert _overwrites(runner, "resources.cpu_shares") == 0
+
+
+async def test_a_failed_plugins_discarded_changes_overwrite_nothing(make_runner: Any) -> None:
+    broken = Plugin("broken", order=2)
+
+    @broken.on(CREATE)
+    def crash(response: HookResponse, **kwargs: Any) -> None:
+        response.annotations["first"] = "changed"
+        raise RuntimeError("boom")
+
+    runner = make_runner(_setter("first", 1), broken, _setter("other", 3))
+    with capture_logs() as logs:
+        await runner.run(CREATE, pod=POD, container=CONTAINER)
+    assert not [e for e in logs if e["event"] == "plugin overwrote another plugin's value"]
+    assert _overwrites(runner, "annotations") == 0
+
+
+def test_set_fields_names_every_kind_of_change() -> None:
+    response = HookResponse(HookKind.CONTAINER)
+    assert list(response.set_fields()) == []
+    response.resources.cpuset_cpus = "0-1"
+    response.resources.hugepage_limits = [HugepageLimit("2MB", 1 << 21)]
+    response.resources.unified["memory.high"] = "1G"
+    response.labels["l"] = "v"
+    response.env.set("E", "x")
+    response.cgroup_parent = "/kubepods/x"
+    assert [(name, kind) for name, kind, _ in response.set_fields()] == [
+        ("resources.cpuset_cpus", "resources.cpuset_cpus"),
+        ("resources.hugepage_limits", "resources.hugepage_limits"),
+        ("resources.unified[memory.high]", "resources.unified"),
+        ("labels[l]", "labels"),
+        ("env[E]", "env"),
+        ("cgroup_parent", "cgroup_parent"),
+    ]
+
+
 # --- failures ------------------------------------------------------------------------------------
 
 
@@ -479,6 +563,56 @@ async def test_a_hanging_async_handler_times_out_even_if_it_ignores_cancellation
     assert [(f.plugin, f.outcome) for f in result.failures] == [("stubborn", "timeout"), ("sleepy", "timeout")]
     assert result.response.annotations == {"after": "ok"}
     await asyncio.wait_for(finished.wait(), 2)
+
+
+async def test_async_handlers_run_on_the_loop_and_sync_ones_in_a_thread(make_runner: Any) -> None:
+    seen: dict[str, int] = {}
+    on_loop, in_thread = Plugin("on-loop", order=1), Plugin("in-thread", order=2)
+
+    @on_loop.on(CREATE)
+    async def quick(**kwargs: Any) -> None:
+        seen["async"] = threading.get_ident()
+
+    @in_thread.on(CREATE)
+    def slow(**kwargs: Any) -> None:
+        seen["sync"] = threading.get_ident()
+
+    await make_runner(on_loop, in_thread).run(CREATE, pod=POD, container=CONTAINER)
+    assert seen["async"] == threading.get_ident()
+    assert seen["sync"] != threading.get_ident()
+
+
+def test_blocking_is_no_longer_a_plugin_setting() -> None:
+    with pytest.raises(TypeError, match="blocking"):
+        Plugin("p", blocking=False)  # type: ignore[call-arg]
+
+
+async def test_an_async_handler_past_its_timeout_is_cancelled_and_counted(make_runner: Any) -> None:
+    plugin = Plugin("slow", timeout=0.05)
+    cancelled = asyncio.Event()
+
+    @plugin.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    runner = make_runner(plugin)
+    result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+    assert [(f.plugin, f.outcome) for f in result.failures] == [("slow", "timeout")]
+    await asyncio.wait_for(cancelled.wait(), 2)
+    assert sample(runner, "slow", CREATE.value, "timeout") == 1
+
+
+def test_built_in_plugins_that_only_touch_files_are_async() -> None:
+    from runtimeproxy.hooks.plugins import cpu, cpuset, memory, resctrl
+
+    for module in (cpu, cpuset, memory, resctrl):
+        plugin = module.plugin
+        handlers = [*plugin.handlers.values(), plugin.reconcile_handler, plugin.start_handler, plugin.stop_handler]
+        assert all(h.is_async for h in handlers if h is not None), plugin.name
 
 
 async def test_a_sync_handler_returning_a_coroutine_is_an_error(make_runner: Any) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import grp
 import os
 import socket
@@ -123,9 +124,7 @@ def test_second_open_from_other_process_fails(listener: UnixListener, sock_path:
     )
     src_root = str(Path(runtimeproxy.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": src_root}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=env)
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout.strip() == str(os.getpid())
     assert connects(sock_path)
@@ -186,9 +185,39 @@ def test_close_removes_socket_and_releases_lock(sock_path: str) -> None:
     first.close()
     first.close()  # idempotent
     assert not os.path.exists(sock_path)
-    assert os.path.exists(sock_path + ".lock")  # kept on purpose
+    assert not os.path.exists(sock_path + ".lock")  # never left behind
     with open_unix_listener(sock_path):
         assert connects(sock_path)
+        assert os.path.exists(sock_path + ".lock")
+    assert not os.path.exists(sock_path + ".lock")
+
+
+def test_a_failed_start_leaves_no_lock_file(sock_path: str) -> None:
+    os.makedirs(sock_path)  # a directory where the socket should go
+    with pytest.raises(FileExistsError):
+        open_unix_listener(sock_path)
+    assert not os.path.exists(sock_path + ".lock")
+
+
+def test_a_lock_on_a_removed_lock_file_is_not_kept(sock_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A contender that opened the lock file just before its holder removed it on release
+    # must not count the lock it then gets on the removed file: it opens the new one.
+    os.makedirs(os.path.dirname(sock_path))
+    lock_path = sock_path + ".lock"
+    real_flock = fcntl.flock
+    removed: list[bool] = []
+
+    def flock_after_removal(fd: int, operation: int) -> None:
+        if not removed:
+            removed.append(True)
+            os.unlink(lock_path)  # the holder's release, between our open and our flock
+        real_flock(fd, operation)
+
+    Path(lock_path).write_text("")
+    monkeypatch.setattr(fcntl, "flock", flock_after_removal)
+    with open_unix_listener(sock_path) as lst:
+        assert os.fstat(lst.lock_fd).st_ino == os.stat(lock_path).st_ino
+    assert removed == [True]
 
 
 def test_close_leaves_a_socket_that_is_not_ours(sock_path: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import textwrap
 import uuid
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from kubernetes.client import V1Pod
 
+from runtimeproxy.cri_client import unix_socket_path, unix_socket_served
 from runtimeproxy.play.command import play_command
 from runtimeproxy.play.manifest import (
     ManifestError,
@@ -325,8 +327,23 @@ def test_command_bad_manifest_json() -> None:
     assert body["error"]["field"] == "spec.containers[1].name"
 
 
-def test_command_dry_run_prints_requests(tmp_path: Path) -> None:
-    result = CliRunner().invoke(play_command, [str(PODS / "ls-pod.yaml"), "--dry-run", "--log-dir", str(tmp_path)])
+def test_command_dry_run_prints_requests_as_text(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        play_command, [str(PODS / "ls-pod.yaml"), "--dry-run", "-o", "text", "--log-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert not result.stdout.lstrip().startswith("{")
+    lines = result.stdout.splitlines()
+    assert lines[0] == "dry run (play): nothing is sent"
+    assert "qos=Burstable" in lines[1]
+    assert "RunPodSandbox:" in lines and any(line.startswith("CreateContainer app ") for line in lines)
+    assert '      value: "LS"' in lines  # the koordinator QoS label, in protobuf text
+
+
+def test_command_dry_run_prints_requests_as_json(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        play_command, [str(PODS / "ls-pod.yaml"), "--dry-run", "-o", "json", "--log-dir", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     assert body["pod"]["qos_class"] == "Burstable"
@@ -354,3 +371,48 @@ def test_command_unreachable_endpoint_exits_1(tmp_path: Path) -> None:
     assert body["error"]["code"] == "UNAVAILABLE"
     assert "UNAVAILABLE" in result.stderr
     assert "Traceback" not in result.output
+    assert "runtime-proxy serve" in body["error"]["hint"] and "--endpoint" in body["error"]["hint"]
+    assert f"hint: nothing serves {tmp_path / 'none.sock'}" in result.stderr
+
+
+def test_command_unavailable_from_a_live_server_gives_no_hint(tmp_path: Path) -> None:
+    # Something listens but is no CRI server: the failure is not "nothing serves the socket".
+    path = tmp_path / "live.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen()
+        result = CliRunner().invoke(
+            play_command, [str(PODS / "be-pod.yaml"), "--endpoint", str(path), "--timeout", "1", "-o", "json"]
+        )
+    assert result.exit_code == 1
+    body = json.loads(result.stdout)
+    assert body["error"]["code"] in {"UNAVAILABLE", "DEADLINE_EXCEEDED"}
+    assert "hint" not in body["error"] and "hint:" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "path"),
+    [
+        ("/run/x.sock", "/run/x.sock"),
+        ("unix:///run/x.sock", "/run/x.sock"),
+        ("unix:/run/x.sock", "/run/x.sock"),
+        ("unix-abstract:x", None),
+        ("dns:///host:1", None),
+    ],
+)
+def test_unix_socket_path(endpoint: str, path: str | None) -> None:
+    assert unix_socket_path(endpoint) == path
+
+
+def test_unix_socket_served(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    assert unix_socket_served(str(path)) is False  # missing
+    path.write_text("")
+    assert unix_socket_served(str(path)) is False  # not a socket
+    path.unlink()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        assert unix_socket_served(str(path)) is False  # bound, not listening: refused
+        listener.listen()
+        assert unix_socket_served(f"unix://{path}") is True
+    assert unix_socket_served("dns:///host:1") is None

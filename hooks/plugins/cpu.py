@@ -43,6 +43,8 @@ it is created as kubelet would name it (``CgroupFS.create_pod_cgroup``), only fo
 cgroup under the pod roots: on v1 in the ``cpu`` hierarchy, on v2 with the ``cpu``
 controller enabled in each ancestor's ``cgroup.subtree_control`` so that the new cgroup
 gets the cpu files. Only what this plugin writes into is created; kubelet and the runtime make the rest.
+Under the systemd cgroup driver nothing is created (logged instead): kubelet makes pod slices
+through systemd (docs/systemd.md).
 In a dry run (``dry_run``, ``runtime-hooks explain``) nothing is created, and every
 cgroup access goes through the ``cgroups`` handle, which then records instead of writing.
 
@@ -107,6 +109,7 @@ __all__ = [
     "reconcile_pods",
 ]
 
+# Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
 plugin = Plugin(
     "cpu",
     version="1.0",
@@ -114,8 +117,6 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=1.0,
     description="CFS quota (BE from batch-cpu, none for pinned classes), CFS burst, cpu.idle and group identity",
-    # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
-    blocking=False,
 )
 
 # koordinator-sh/koordinator apis/extension: AnnotationExtendedResourceSpec (NodeDomainPrefix +
@@ -639,7 +640,7 @@ def reconcile_pods(fs: CgroupFS, pods: Sequence[PodInfo], policy_for: Any, secti
 
 
 @plugin.on(HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES)
-def set_pod_cgroup(
+async def set_pod_cgroup(
     *,
     hook: HookPoint,
     pod: PodInfo,
@@ -664,7 +665,7 @@ def set_pod_cgroup(
 
 
 @plugin.on(HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
-def set_container_resources(
+async def set_container_resources(
     *,
     hook: HookPoint,
     pod: PodInfo,
@@ -693,7 +694,7 @@ def set_container_resources(
 
 
 @plugin.on(HookPoint.POST_START_CONTAINER, HookPoint.POST_UPDATE_CONTAINER_RESOURCES)
-def set_container_burst(
+async def set_container_burst(
     *,
     pod: PodInfo,
     container: ContainerInfo | None,
@@ -716,7 +717,7 @@ def set_container_burst(
 
 
 @plugin.reconcile
-def reconcile(
+async def reconcile(
     *,
     pods: Sequence[PodInfo],
     cgroups: CgroupFS | None,

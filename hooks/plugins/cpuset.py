@@ -43,6 +43,7 @@ __all__ = [
     "plugin",
 ]
 
+# Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
 plugin = Plugin(
     "cpuset",
     version="1.0",
@@ -50,8 +51,6 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=1.0,
     description="pins LSE and LSR containers to the cpuset koord-scheduler assigned to the pod",
-    # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
-    blocking=False,
 )
 
 # The root cgroup's effective CPUs, per version (v1: in the cpuset hierarchy).
@@ -130,7 +129,7 @@ def node_cpus(fs: CgroupFS) -> frozenset[int] | None:
 
 
 @plugin.on(HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
-def pin_container(
+async def pin_container(
     *,
     pod: PodInfo,
     container: ContainerInfo | None,

@@ -119,6 +119,7 @@ __all__ = [
     "wmark_values",
 ]
 
+# Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
 plugin = Plugin(
     "memory",
     version="1.0",
@@ -126,8 +127,6 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=2.0,
     description="memory.min/low/high (v2) or soft limit (v1) per QoS class; BE containers OOM-killed first",
-    # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
-    blocking=False,
 )
 
 #: Koordinator's annotation with a pod's extended-resource requests and limits, per container.
@@ -557,7 +556,7 @@ def _apply(
 
 
 @plugin.on(HookPoint.PRE_RUN_POD_SANDBOX)
-def pod_memory(
+async def pod_memory(
     *,
     pod: PodInfo,
     qos: QoSClass,
@@ -576,7 +575,9 @@ def pod_memory(
 
 
 @plugin.on(HookPoint.PRE_CREATE_CONTAINER)
-def container_oom(*, container: ContainerInfo | None, qos: QoSClass, response: HookResponse, **kwargs: Any) -> None:
+async def container_oom(
+    *, container: ContainerInfo | None, qos: QoSClass, response: HookResponse, **kwargs: Any
+) -> None:
     if container is None:
         return
     current = container.resources.oom_score_adj if container.resources is not None else 0
@@ -586,7 +587,7 @@ def container_oom(*, container: ContainerInfo | None, qos: QoSClass, response: H
 
 
 @plugin.on(HookPoint.POST_START_CONTAINER)
-def container_memory(
+async def container_memory(
     *,
     pod: PodInfo,
     container: ContainerInfo | None,
@@ -606,7 +607,7 @@ def container_memory(
 
 
 @plugin.reconcile
-def reconcile(
+async def reconcile(
     *,
     pods: Sequence[PodInfo],
     cgroups: CgroupFS | None,

@@ -106,6 +106,7 @@ __all__ = [
     "usable_resources",
 ]
 
+# Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
 plugin = Plugin(
     "resctrl",
     version="1.0",
@@ -113,8 +114,6 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=5.0,
     description="L3 cache ways and memory bandwidth per QoS class through resctrl groups",
-    # Its handlers only read and write cgroup/resctrl files: no thread hand-off needed.
-    blocking=False,
 )
 
 #: Every group this plugin creates is named with this prefix; other groups are never touched.
@@ -524,18 +523,18 @@ def disabled_reason(resctrl: ResctrlFS | None = None) -> str:
 
 
 @plugin.on_start
-def start(*, resctrl: ResctrlFS | None, policy_section: ResctrlPolicy | None, log: Any, **kwargs: Any) -> None:
+async def start(*, resctrl: ResctrlFS | None, policy_section: ResctrlPolicy | None, log: Any, **kwargs: Any) -> None:
     _state.reset(resctrl)
     _state.ensure(resctrl, policy_section, log)
 
 
 @plugin.on_stop
-def stop(*, resctrl: ResctrlFS | None, **kwargs: Any) -> None:
+async def stop(*, resctrl: ResctrlFS | None, **kwargs: Any) -> None:
     _state.reset(resctrl)  # the groups stay: their tasks keep running with the class's allocation
 
 
 @plugin.on(HookPoint.POST_START_CONTAINER)
-def join_group(
+async def join_group(
     *,
     pod: PodInfo,
     container: ContainerInfo | None,
@@ -570,7 +569,7 @@ def join_group(
 
 
 @plugin.reconcile
-def reconcile(
+async def reconcile(
     *,
     pods: Sequence[PodInfo],
     cgroups: CgroupFS | None,

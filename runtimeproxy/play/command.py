@@ -28,6 +28,7 @@ import click
 if TYPE_CHECKING:  # the kubernetes client is slow to import: only when play runs
     from runtimeproxy.play.kubelet import CgroupDriver, PodPlan
     from runtimeproxy.play.manifest import ManifestError
+    from runtimeproxy.play.runner import PlayError
 
 __all__ = ["DEFAULT_ENDPOINT", "DEFAULT_LOG_DIR", "play_command"]
 
@@ -176,8 +177,10 @@ def play_command(
         )
 
     if dry_run:
-        dump = {"action": action, "ok": True, "dry_run": True, **_plan_dump(plan)}
-        click.echo(json.dumps(dump, indent=2))
+        if as_json:
+            _emit_json({"action": action, "ok": True, "dry_run": True, **_plan_dump(plan)})
+        else:
+            click.echo(_plan_text(plan, action))
         return
 
     say(f"pod {plan.namespace}/{plan.name} uid={plan.uid} qos={plan.qos_class.value} endpoint={endpoint}")
@@ -200,11 +203,13 @@ def play_command(
                 return
             result = play(plan, client, pull=pull, say=say)
         except PlayError as exc:
+            hint = _unavailable_hint(exc, endpoint)
+            error = {**exc.to_dict(), "hint": hint} if hint else exc.to_dict()
             _fail(
                 ctx,
                 1,
-                str(exc),
-                {"action": action, "ok": False, "error": exc.to_dict()} if as_json else None,
+                f"{exc}\n{hint}" if hint else str(exc),
+                {"action": action, "ok": False, "error": error} if as_json else None,
             )
         except OSError as exc:  # the pod log directory
             _fail(
@@ -219,6 +224,39 @@ def play_command(
         say(f"pod {plan.namespace}/{plan.name} is running in sandbox {result.pod_sandbox_id}")
         for container in result.containers:
             say(f"  {container.name}\t{container.container_id}")
+
+
+def _plan_text(plan: PodPlan, action: str) -> str:
+    """The requests a dry run would send, as protobuf text (what ``-o json`` gives as JSON)."""
+    from google.protobuf import text_format
+
+    def block(title: str, message: Any) -> list[str]:
+        body = text_format.MessageToString(message, as_utf8=True).rstrip("\n")
+        return [f"{title}:", *(f"  {line}" for line in body.splitlines())]
+
+    lines = [
+        f"dry run ({action}): nothing is sent",
+        f"pod {plan.namespace}/{plan.name} uid={plan.uid} qos={plan.qos_class.value}",
+        *block("RunPodSandbox", plan.sandbox_request),
+    ]
+    for container in plan.containers:
+        lines += block(f"CreateContainer {container.name} ({container.kind})", container.request)
+    return "\n".join(lines)
+
+
+def _unavailable_hint(exc: PlayError, endpoint: str) -> str:
+    """What to check when nothing serves the endpoint (empty when something does, or for other
+    failures: then the details come from the server, e.g. the proxy naming a backend it lost)."""
+    import grpc
+
+    from runtimeproxy.cri_client import unix_socket_served
+
+    if exc.code is not grpc.StatusCode.UNAVAILABLE or unix_socket_served(endpoint) is not False:
+        return ""
+    return (
+        f"hint: nothing serves {endpoint}: is `runtime-proxy serve` running, and is this its socket? "
+        "Pass the socket it listens on with --endpoint (or RUNTIME_PROXY_ENDPOINT)."
+    )
 
 
 def _manifest_error(exc: ManifestError) -> dict[str, Any]:
