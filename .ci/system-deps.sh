@@ -12,8 +12,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-# systemd provides systemd-analyze, which the unit-file tests run (it starts nothing).
-packages=(containerd runc busybox-static containernetworking-plugins iproute2 systemd)
+# systemd provides systemd-analyze, which the unit-file tests run (it starts nothing); dbus the
+# dbus-daemon that the systemd unit-property tests start on a private address.
+packages=(containerd runc busybox-static containernetworking-plugins iproute2 systemd dbus)
 
 missing=()
 for pkg in "${packages[@]}"; do

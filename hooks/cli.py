@@ -109,7 +109,8 @@ _cgroup_driver_option = click.option(
     default="cgroupfs",
     show_default=True,
     show_envvar=True,
-    help="The kubelet's cgroup driver: decides how container cgroups are looked up first.",
+    help="The kubelet's cgroup driver: decides how container cgroups are looked up first. With systemd, "
+    "serve never creates a pod cgroup and, on cgroup v2, also sets what plugins write as unit properties.",
 )
 
 

@@ -27,6 +27,11 @@ memory limit, cpuset) and the pod and QoS-level cgroups kubelet manages -- are c
 through hook responses, on kubelet's own calls, and never re-applied here: kubelet would
 set them back on its next sync, and the two would take turns overwriting each other.
 
+**systemd driver.** On cgroup v2 every value a plugin writes into a pod slice or container
+scope also becomes the unit's property (hooks/systemd_sync.py), so systemd does not undo it
+between rounds; a repair made here is sent to systemd the same way, which is also how a
+property systemd once refused or never got reaches it again.
+
 **Failures.** A runtime that cannot be listed (containerd down or restarting) is logged
 and tried again at the next interval; the previous round's pods stay the reference for
 ``gone``. A sandbox or container the runtime has but whose data cannot be decoded (e.g. a

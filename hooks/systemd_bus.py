@@ -131,7 +131,8 @@ class SystemdBus:
         self._working = False
         self._waiting_retry = False
         self._bus: MessageBus | None = None
-        self._logged: set[str] = set()  # causes warned about since the last success
+        self._watches: set[asyncio.Task[None]] = set()  # one per connection, until it closes
+        self._logged: set[str] = set()  # causes warned about (unreachable ones: until a success)
         self._log_lock = threading.Lock()  # "dropped" is reported from the writer's thread
 
     def __repr__(self) -> str:
@@ -175,9 +176,7 @@ class SystemdBus:
 
     async def run(self) -> None:
         """Send what is pending, as it comes, until cancelled; then disconnect."""
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
-        self._changed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()  # the events bind to it on first use
         self._poke()
         delay = self.retry[0]
         try:
@@ -196,6 +195,8 @@ class SystemdBus:
         finally:
             self._loop = None
             self._disconnect()
+            if self._watches:
+                await asyncio.gather(*self._watches)  # done at once: the connections are closed
 
     async def flush(self, timeout: float = 10.0) -> bool:
         """Wait (on run()'s loop) until nothing is being sent and nothing waits but for a retry;
@@ -234,12 +235,15 @@ class SystemdBus:
                     result = await self._apply(unit, properties)
                 except _Unreachable as exc:
                     self._put_back(batch[index:])
-                    self._outcome("unreachable", exc.cause, unit=unit, error=str(exc), retry_in_s=self.retry[0])
+                    self._outcome("unreachable", exc.cause, unit=unit, error=str(exc))
                     return False
                 except _Refused as exc:
                     self._outcome(
                         "refused", exc.name, unit=unit, error=f"{exc.name}: {exc}", properties=_names(properties)
                     )
+                    continue
+                except Exception as exc:  # an answer of an unexpected shape: this unit only, the worker goes on
+                    self._outcome("refused", type(exc).__name__, unit=unit, error=repr(exc))
                     continue
                 self._outcome(result, result, unit=unit, properties=_names(properties))
             return True
@@ -286,7 +290,18 @@ class SystemdBus:
         except Exception as exc:  # OSError, AuthError, a bad address...: nothing to talk to
             raise _Unreachable(type(exc).__name__, f"{self._where()}: {exc}") from None
         self._bus = bus
+        # Awaited so that a connection systemd's side closed (dbus restarted) is noted, not
+        # left as a never-retrieved exception; the next call connects afresh.
+        watch = asyncio.get_running_loop().create_task(self._closed(bus))
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
         return bus
+
+    async def _closed(self, bus: MessageBus) -> None:
+        try:
+            await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]  # dbus-fast leaves it unannotated
+        except Exception as exc:
+            log.debug("the connection to systemd closed", error=repr(exc))
 
     async def _call(self, bus: MessageBus, message: Message) -> Message:
         try:

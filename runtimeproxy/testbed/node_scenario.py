@@ -15,6 +15,7 @@ properties, the hook server's settings and policy, and the timeouts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -42,6 +43,9 @@ RESULTS_PORT = "/dev/ttyS1"
 CGROUP_FILES = ("cpu.max", "cpu.weight", "cpu.max.burst", "cpu.idle", "cpuset.cpus", "cpuset.cpus.effective",
                 "memory.min", "memory.low", "memory.high", "memory.max", "cgroup.subtree_control",
                 "cgroup.controllers")
+# Pod-slice files sampled every 100 ms while a pod starts and while a sibling goes: the
+# values runtime-hooks sets there, which systemd re-applies its own unit properties over.
+SAMPLED_FILES = ("cpu.max", "cpu.idle", "cpu.max.burst", "memory.min", "memory.low", "memory.high")
 _SHOW = ("Type", "ActiveState", "SubState", "MainPID", "NRestarts", "Result", "WatchdogUSec", "NotifyAccess",
          "ExecMainStatus", "ExecMainCode", "ActiveEnterTimestampMonotonic", "InvocationID")
 _SLICE_SHOW = ("ActiveState", "ControlGroup", "CPUWeight", "CPUQuotaPerSecUSec", "CPUQuotaPeriodUSec", "MemoryMax")
@@ -241,6 +245,13 @@ def sampling(path: Path, interval: float = 0.1) -> Iterator[list[tuple[float, st
         thread.join(5)
 
 
+@contextmanager
+def sampled(directory: Path, names: tuple[str, ...]) -> Iterator[dict[str, list[tuple[float, str | None]]]]:
+    """`sampling` of several files of one cgroup at once, by file name."""
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(sampling(directory / name)) for name in names}
+
+
 # -- the steps -----------------------------------------------------------------------
 
 
@@ -328,7 +339,7 @@ def play_pod(s: Scenario, pod: dict[str, Any]) -> dict[str, Any]:
     name = pod["name"]
     slice_facts = s.start_slice(pod["slice"], pod["cgroup"], pod["kubelet"])
     pod_dir = CGROUP / pod["cgroup"]
-    with sampling(pod_dir / "cpu.max") as cpu_max, sampling(pod_dir / "cpu.idle") as cpu_idle:
+    with sampled(pod_dir, SAMPLED_FILES) as samples:
         began = uptime()
         played = s.play(pod["manifest"])
         ended = uptime()
@@ -341,7 +352,7 @@ def play_pod(s: Scenario, pod: dict[str, Any]) -> dict[str, Any]:
     s.pods[name] = {"dir": pod_dir, "containers": containers, "json": played.get("json")}
     return {"slice": slice_facts, "play": played, "play_began": began, "play_ended": ended,
             "pod_cgroup": str(pod_dir), "files": s.read_files(pod_dir), "containers": containers,
-            "samples": {"cpu.max": cpu_max, "cpu.idle": cpu_idle}, "slice_show": s.show(pod["slice"], _SLICE_SHOW),
+            "samples": samples, "slice_show": s.show(pod["slice"], _SLICE_SHOW),
             "parents": {str(p): s.read_files(p) for p in (pod_dir.parent, pod_dir.parent.parent)},
             "journal_hooks": _messages(s.journal("-u", "runtime-hooks", "--since", f"-{int(ended - began) + 30}s"))}
 
@@ -363,6 +374,28 @@ def settle(s: Scenario) -> dict[str, Any]:
     repaired = {name: s.read_files(pod["dir"]) for name, pod in s.pods.items()}
     return {"after_interval": later, "daemon_reload": reload, "after_daemon_reload": after_reload,
             "after_next_reconcile": repaired}
+
+
+def sibling_removal(s: Scenario) -> dict[str, Any]:
+    """Delete one pod through the proxy and stop its slice as kubelet does, sampling the other
+    pods' slice files the whole time and for `observe_s` after: systemd re-applies unit
+    properties to sibling slices when one goes. Then: is the deleted pod's slice gone?"""
+    spec = s.plan["sibling_removal"]
+    gone = next(pod for pod in s.plan["pods"] if pod["name"] == spec["pod"])
+    with contextlib.ExitStack() as stack:
+        samples = {name: stack.enter_context(sampled(s.pods[name]["dir"], SAMPLED_FILES)) for name in spec["watch"]}
+        began = uptime()
+        deleted = s.play(gone["manifest"], delete=True)
+        stopped = s.run("systemctl", "stop", gone["slice"], timeout=60)
+        ended = uptime()
+        time.sleep(spec["observe_s"])
+    s.pods.pop(spec["pod"], None)
+    return {"deleted": deleted, "stopped": stopped, "began": began, "ended": ended, "samples": samples,
+            "slice": s.show(gone["slice"], ("LoadState", "ActiveState")),
+            "cgroup_left": (CGROUP / gone["cgroup"]).exists(),
+            "pod_slices": s.run("systemctl", "list-units", "--all", "--plain", "--no-legend",
+                                "kubepods-*pod*.slice")["out"],
+            "journal_hooks": _messages(s.journal("-u", "runtime-hooks", "--since", f"-{int(uptime() - began) + 5}s"))}
 
 
 def drift(s: Scenario) -> dict[str, Any]:
@@ -474,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         for pod in plan["pods"]:
             s.step(f"pod/{pod['name']}", functools.partial(play_pod, s, pod))
         s.step("settle", lambda: settle(s))
+        s.step("sibling-removal", lambda: sibling_removal(s))
         s.step("drift", lambda: drift(s))
         s.step("network", lambda: network(s))
         s.step("restart", lambda: restart_mid_lifecycle(s))

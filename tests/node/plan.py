@@ -124,7 +124,8 @@ PODS = (
     Pod("ls", "00000000-0000-4000-8000-00000000a002", QOSClass.BURSTABLE,
         requests={"cpu": "200m", "memory": "64Mi"}, limits={"cpu": "500m", "memory": "128Mi"},
         labels={QOS_LABEL: "LS"},
-        annotations={EXTENDED_SPEC: _extended({"memory": "64Mi"}, {"memory": "128Mi"})}),
+        annotations={EXTENDED_SPEC: _extended({"memory": "64Mi"}, {"memory": "128Mi"})},
+        observe_s=6),
     Pod("be", "00000000-0000-4000-8000-00000000a003", QOSClass.BEST_EFFORT,
         labels={QOS_LABEL: "BE"},
         annotations={EXTENDED_SPEC: _extended({"kubernetes.io/batch-cpu": "500"},
@@ -138,6 +139,9 @@ PODS = (
 )
 RESTART_POD = Pod("restart", "00000000-0000-4000-8000-00000000a007", QOSClass.BURSTABLE,
                   requests={"cpu": "100m"}, limits={"cpu": "200m"}, labels={QOS_LABEL: "LS"})
+# Issue 13: a BE sibling deleted (through the proxy) and its slice stopped, as kubelet does,
+# while the other pods' slice files are sampled, and for 5 s after.
+SIBLING_REMOVAL = {"pod": "besteffort", "watch": ["be", "ls"], "observe_s": 5}
 DRIFT = {"pod": "ls", "file": "cpu.max.burst", "value": "0", "timeout_s": 4 * RECONCILE_INTERVAL_S}
 
 # kubelet's QoS-level slices (kubepods.slice's weight stands for the node's allocatable CPU).
@@ -174,6 +178,7 @@ def scenario_plan() -> dict[str, Any]:
         "pods": [_pod_plan(pod) for pod in PODS],
         "restart_pod": _pod_plan(RESTART_POD),
         "drift": DRIFT,
+        "sibling_removal": SIBLING_REMOVAL,
         "reconcile_interval_s": RECONCILE_INTERVAL_S,
         # WatchdogSec=30s of the shipped unit, then the abort and restart.
         "watchdog_timeout_s": 120,
