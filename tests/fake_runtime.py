@@ -417,6 +417,39 @@ class ProxyUnderTest:
         await self.stop()
 
 
+class RawServer:
+    """A grpc.aio server on a unix socket whose handlers take and return raw bytes (no
+    (de)serializers), for answering what no well-behaved server would."""
+
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+        self._server: grpc.aio.Server | None = None
+
+    def handlers(self) -> dict[str, dict[str, Any]]:
+        """{service: {method: async fn(request bytes, context) -> bytes}}."""
+        raise NotImplementedError
+
+    async def start(self) -> Any:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(
+            tuple(
+                grpc.method_handlers_generic_handler(
+                    service, {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in methods.items()}
+                )
+                for service, methods in self.handlers().items()
+            )
+        )
+        server.add_insecure_port("unix://" + self.socket)
+        await server.start()
+        self._server = server
+        return self
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(0)
+
+
 def direct_channel(path: str) -> grpc.aio.Channel:
     """A client channel straight to a backend, with the same options as a proxied one."""
     return grpc.aio.insecure_channel(f"unix://{path}", options=[*CLIENT_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from fake_runtime import RawH2Client
+from fake_runtime import RawH2Client, RawServer
 from hook_bed import CALL_TIMEOUT, HookBed, rpc_error
 from hook_servers import Respond, write_registration
 from structlog.testing import capture_logs
@@ -33,39 +33,20 @@ RUN_POD_PATH = "/runtime.v1.RuntimeService/RunPodSandbox"
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
-class GarbageHookServer:
+class GarbageHookServer(RawServer):
     """A hook server that answers every hook RPC with bytes that are no hook response."""
 
     def __init__(self, socket: str, answer: bytes) -> None:
-        self.socket = socket
+        super().__init__(socket)
         self.answer = answer
         self.calls = 0
-        self._server: grpc.aio.Server | None = None
 
-    async def start(self) -> GarbageHookServer:
+    def handlers(self) -> dict[str, dict[str, Any]]:
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             self.calls += 1
             return self.answer
 
-        def lookup(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-            if not details.method.startswith(f"/{HOOK_SERVICE}/"):  # type: ignore[attr-defined]
-                return None
-            return grpc.unary_unary_rpc_method_handler(handle)  # no (de)serializers: raw bytes
-
-        class Handler(grpc.GenericRpcHandler):
-            def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-                return lookup(handler_call_details)
-
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((Handler(),))
-        server.add_insecure_port("unix://" + self.socket)
-        await server.start()
-        self._server = server
-        return self
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(0)
+        return {HOOK_SERVICE: {point.rpc: handle for point in HookPoint}}
 
 
 def layer_errors(bed: HookBed, method: str, action: str) -> float:

@@ -37,6 +37,7 @@ import grpc
 import grpc.aio
 import pytest
 from daemons import Daemon, ProxyAndHooks, eventually
+from fake_runtime import RawServer
 from google.protobuf.json_format import MessageToDict
 from hook_servers import Respond, TestHookServer, write_raw_registration
 from prometheus_client import CollectorRegistry
@@ -94,15 +95,14 @@ def config_info(config: Any, **extra: Any) -> dict[str, str]:
     return {"info": json.dumps({"config": MessageToDict(config, preserving_proto_field_name=True), **extra})}
 
 
-class RawRuntime:
+class RawRuntime(RawServer):
     """The four RuntimeService calls the loader makes, answered with bytes encoded here (so they
     can hold what protobuf refuses), on a real unix socket."""
 
     def __init__(self, socket: str) -> None:
-        self.socket = socket
+        super().__init__(socket)
         self.sandboxes: dict[str, tuple[bytes, bytes]] = {}  # id -> (List item, Status response)
         self.containers: dict[str, tuple[bytes, bytes]] = {}
-        self._server: grpc.aio.Server | None = None
 
     def add_sandbox(self, sandbox_id: str, *, bad_item: bool = False, bad_status: bool = False) -> None:
         meta = pb.PodSandboxMetadata(name=f"pod-{sandbox_id}", uid=f"uid-{sandbox_id}", namespace="prod")
@@ -136,7 +136,7 @@ class RawRuntime:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"{oid} not found")
         return objects[oid][1]
 
-    async def start(self) -> RawRuntime:
+    def handlers(self) -> dict[str, dict[str, Any]]:
         async def list_sandboxes(request: bytes, context: Any) -> bytes:
             return await self._list(self.sandboxes, "")
 
@@ -153,29 +153,14 @@ class RawRuntime:
                 self.containers, pb.ContainerStatusRequest.FromString(request).container_id, context
             )
 
-        handlers = {
-            "ListPodSandbox": list_sandboxes,
-            "ListContainers": list_containers,
-            "PodSandboxStatus": sandbox_status,
-            "ContainerStatus": container_status,
+        return {
+            "runtime.v1.RuntimeService": {
+                "ListPodSandbox": list_sandboxes,
+                "ListContainers": list_containers,
+                "PodSandboxStatus": sandbox_status,
+                "ContainerStatus": container_status,
+            }
         }
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers(
-            (
-                grpc.method_handlers_generic_handler(
-                    "runtime.v1.RuntimeService",
-                    {name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in handlers.items()},
-                ),
-            )
-        )
-        server.add_insecure_port("unix://" + self.socket)
-        await server.start()
-        self._server = server
-        return self
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(0)
 
 
 @pytest.fixture
