@@ -60,7 +60,7 @@ def test_pod_value_holds_while_a_sibling_is_removed(fact: Evidence, pod: str, na
 @pytest.mark.parametrize(("pod", "name"), [(pod, name) for pod, names in HELD.items() for name in names])
 def test_pod_value_holds_right_after_daemon_reload(fact: Evidence, pod: str, name: str) -> None:
     settle = fact("settle")
-    assert settle["daemon_reload"]["code"] == 0, show(settle["daemon_reload"])
+    assert settle["daemon_reload"]["rc"] == 0, show(settle["daemon_reload"])
     files = settle["after_daemon_reload"][pod]
     assert files.get(name) == EXPECTED_POD[pod][name], show(files)
 
@@ -90,7 +90,7 @@ def test_be_cpu_idle_is_reapplied_when_systemd_resets_it(fact: Evidence) -> None
 
 def test_no_pod_slice_left_after_the_pod_is_removed(fact: Evidence) -> None:
     sibling = fact("sibling-removal")
-    assert sibling["stopped"]["code"] == 0, show(sibling["stopped"])
+    assert sibling["stopped"]["rc"] == 0, show(sibling["stopped"])
     assert not sibling["cgroup_left"], show(sibling)
     assert sibling["slice"].get("ActiveState") != "active", show(sibling["slice"])
     gone = next(p for p in PODS if p.name == SIBLING_REMOVAL["pod"]).slice
