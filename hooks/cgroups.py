@@ -508,8 +508,11 @@ class CgroupFS:
         data = _format(value)
         path = self.pod_path(controller, parent, container_id, file)
         _write_file(path, data)
+        cgroup = path.parent.relative_to(self._hierarchy(controller)).as_posix()
+        # One info line per write that reached the node: the only place every plugin's write passes.
+        text = data.decode("utf-8", "backslashreplace").strip()
+        log.info("cgroup written", file=str(path), value=text, cgroup=cgroup)
         if self.listener is not None:
-            cgroup = path.parent.relative_to(self._hierarchy(controller)).as_posix()
             write = CgroupWrite(controller, file, data, parent, container_id, "" if cgroup == "." else cgroup)
             self.listener.written(self, write)
 

@@ -44,7 +44,7 @@ from runtimeproxy.dispatch import protocol
 from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.play.kubelet import CgroupDriver as KubeletCgroupDriver
-from runtimeproxy.play.kubelet import PodPlan, build_plan
+from runtimeproxy.play.kubelet import PodPlan, QOSClass, build_plan
 from runtimeproxy.play.manifest import load_pod
 
 from . import server as server_mod
@@ -58,8 +58,11 @@ from .cgroups import (
     parent_path,
     shares_to_weight,
 )
-from .policy import DEFAULT_POLICY, Policy
-from .qos import QoSResolution
+from .plugins.cpu import EXTENDED_RESOURCE_SPEC_ANNOTATION
+from .plugins.cpuset import cpuset_from_annotations
+from .podview import RESOURCE_STATUS_ANNOTATION
+from .policy import DEFAULT_POLICY, NETWORK_BANDS, Policy
+from .qos import QoSClass, QoSResolution
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl import (
     AddTasksResult,
@@ -90,6 +93,8 @@ __all__ = [
     "WriteRecorder",
     "explain_manifest",
     "explain_plan",
+    "idle_reasons",
+    "kubelet_seed",
     "render_text",
     "response_fields",
 ]
@@ -335,7 +340,7 @@ class DryRunCgroupFS(CgroupFS):
         self._written[path] = text
 
 
-def _kubelet_seed(version: CgroupVersion, resources: Any) -> dict[str, str]:
+def kubelet_seed(version: CgroupVersion, resources: Any) -> dict[str, str]:
     """What kubelet (pod cgroup) or runc (container cgroup) writes for CRI ``resources``."""
     seed: dict[str, str] = {}
     if resources is None:
@@ -536,6 +541,8 @@ class Explanation:
     plugins: list[PluginReport] = field(default_factory=list)
     calls: list[CallResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: Per built-in plugin: why it may do nothing for this pod, from the policy, pod and node.
+    idle_reasons: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -708,6 +715,84 @@ class _Rehearsal:
             await self.run(point, *_container_infos(pod, container))
 
 
+def _cpu_reasons(policy: Policy, qos: QoSClass, annotations: Mapping[str, str], pinned: bool) -> list[str]:
+    entry = getattr(policy.cpu, qos.value)
+    reasons: list[str] = []
+    if qos is QoSClass.BE and EXTENDED_RESOURCE_SPEC_ANNOTATION not in annotations:
+        reasons.append(f"BE batch resources need the {EXTENDED_RESOURCE_SPEC_ANNOTATION} annotation, the pod has none")
+    if entry.cfs_quota_enabled:
+        reasons.append(f"cpu.{qos.value}.cfs_quota_enabled is true: the quota is kubelet's")
+    elif not pinned:
+        reasons.append(f"cpu.{qos.value}.cfs_quota_enabled is false, but the pod is not pinned: the quota is kubelet's")
+    if entry.cfs_burst_percent == 0:
+        reasons.append(f"cpu.{qos.value}.cfs_burst_percent is 0 (no burst)")
+    else:
+        reasons.append("no burst without a CFS quota, or the burst is already as planned")
+    return reasons
+
+
+def _memory_reasons(policy: Policy, qos: QoSClass, version: CgroupVersion | None, besteffort: bool) -> list[str]:
+    entry = getattr(policy.memory, qos.value)
+    reasons: list[str] = []
+    if version is CgroupVersion.V1:
+        if entry.v1_soft_limit == "unset":
+            reasons.append(f"cgroup v1 and memory.{qos.value}.v1_soft_limit is unset")
+    else:
+        off = [name for name in ("min_percent", "low_percent", "throttling_percent") if getattr(entry, name) == 0]
+        if off:
+            reasons.append(f"memory.{qos.value}.{'/'.join(off)} {'is' if len(off) == 1 else 'are'} 0 (off)")
+    reasons.append("memory.wmark_* exist only on Alibaba Cloud Linux kernels")
+    if qos is not QoSClass.BE:
+        reasons.append(f"the OOM order is raised for BE only, the pod is {qos.value}")
+    elif besteffort:
+        reasons.append("kubelet already gives BestEffort containers oom_score_adj 1000")
+    return reasons
+
+
+def idle_reasons(
+    policy: Policy,
+    qos: QoSClass,
+    annotations: Mapping[str, str],
+    *,
+    version: CgroupVersion | None,
+    resctrl: bool,
+    besteffort: bool = False,
+) -> dict[str, str]:
+    """Why each built-in plugin may do nothing for a pod of class ``qos`` with ``annotations``, on a
+    node with cgroup ``version`` (None: none) and resctrl or not; what the plugins' plans test."""
+    try:
+        pinned = policy.trust.pod_cpuset and bool(cpuset_from_annotations(annotations))
+    except ValueError:
+        pinned = False
+    if not getattr(policy.cpuset, qos.value).pinned:
+        cpuset = f"cpuset.{qos.value}.pinned is false (shared pool)"
+    elif not policy.trust.pod_cpuset:
+        cpuset = "trust.pod_cpuset is false: the pod's cpuset annotation is ignored"
+    elif not pinned:
+        cpuset = f"{qos.value} is pinned, but the pod has no cpuset in {RESOURCE_STATUS_ANNOTATION}"
+    else:
+        cpuset = "the cpuset is already as assigned"
+    if resctrl:
+        band = "the class's resctrl group already holds the container, or its tasks could not be read"
+    else:
+        band = "no resctrl handle: resctrl is not mounted on this node"
+    network = (
+        'network.interface is "" (network QoS off)'
+        if not policy.network.interface
+        else f"the {NETWORK_BANDS[qos].value} band is already set up"
+    )
+    reasons = {
+        "cpu": "; ".join(_cpu_reasons(policy, qos, annotations, pinned)),
+        "cpuset": cpuset,
+        "resctrl": band,
+        "memory": "; ".join(_memory_reasons(policy, qos, version, besteffort)),
+        "network": network,
+    }
+    if version is None:
+        reasons = {name: f"no cgroup hierarchy; {reason}" for name, reason in reasons.items()}
+    return reasons
+
+
 def _node(cgroups: DryRunCgroupFS, resctrl: DryRunResctrlFS | None) -> tuple[dict[str, str], list[str]]:
     notes: list[str] = []
     try:
@@ -764,7 +849,7 @@ async def explain_plan(
     qos: QoSResolution = qos_of(_pod_info(pod_view))
     version_known = node["cgroup_version"] != "none"
     if version_known:  # kubelet creates the pod's cgroup before RunPodSandbox
-        cgroups.simulate(plan.cgroup_parent, seed=_kubelet_seed(cgroups.version, sandbox_config.linux.resources))
+        cgroups.simulate(plan.cgroup_parent, seed=kubelet_seed(cgroups.version, sandbox_config.linux.resources))
 
     await rehearsal.start()
     try:
@@ -782,13 +867,21 @@ async def explain_plan(
             await rehearsal.container(creating, view, container.name)
             view.container_id = container_id
             if version_known:  # runc creates the container's cgroup at CreateContainer
-                seed = _kubelet_seed(cgroups.version, request.config.linux.resources)
+                seed = kubelet_seed(cgroups.version, request.config.linux.resources)
                 cgroups.simulate(request.sandbox_config.linux.cgroup_parent, container_id, seed)
             await rehearsal.started(pod_view, view)
     finally:
         await rehearsal.stop()
 
     notes.append("sandbox and container ids are placeholders; nothing was written to the node")
+    reasons = idle_reasons(
+        policy,
+        qos.qos_class,
+        sandbox_config.annotations,
+        version=cgroups.version if version_known else None,
+        resctrl=resctrl is not None,
+        besteffort=plan.qos_class is QOSClass.BEST_EFFORT,
+    )
     return Explanation(
         pod={"name": plan.name, "namespace": plan.namespace, "uid": plan.uid},
         kubernetes_qos=str(plan.qos_class),
@@ -802,6 +895,7 @@ async def explain_plan(
         plugins=[rehearsal.reports[plugin.name] for plugin in ordered],
         calls=rehearsal.calls,
         notes=notes,
+        idle_reasons={plugin.name: reasons[plugin.name] for plugin in ordered if plugin.name in reasons},
     )
 
 
@@ -849,6 +943,23 @@ def _write_line(write: NodeWrite) -> str:
     return f"{write.handle}: {write.action} {write.target}"
 
 
+def _did_nothing(step: Step) -> bool:
+    return step.outcome == "ok" and not step.response and not step.writes
+
+
+def _idle_lines(plugins: Sequence[str], reasons: Mapping[str, str]) -> list[str]:
+    """One line per reason, naming every plugin it holds for; plugins without a known reason share one."""
+    if not plugins:
+        return []
+    groups: dict[str, list[str]] = {}
+    for name in plugins:
+        groups.setdefault(reasons.get(name, ""), []).append(name)
+    lines = ["", "plugins that do nothing (at all, or at the hooks listed above), and why:"]
+    for reason, names in groups.items():
+        lines.append(f"  {', '.join(names)}: {reason or 'no reason known (not a built-in plugin)'}")
+    return lines
+
+
 def render_text(explanation: Explanation) -> str:
     """The explanation for people: the pod and its class, then per plugin every value it would set."""
     e = explanation
@@ -863,6 +974,7 @@ def render_text(explanation: Explanation) -> str:
     ]
     if not e.plugins:
         lines += ["", "no plugin enabled: the hook server would change nothing"]
+    idle_plugins: list[str] = []
     for report in e.plugins:
         lines += [
             "",
@@ -875,7 +987,14 @@ def render_text(explanation: Explanation) -> str:
             lines.append("  on_start failed: the server would refuse to start (failure policy fail)")
         if not report.steps:
             lines.append("  handles none of these hook points")
+        idle = [step for step in report.steps if _did_nothing(step)]
+        if idle and len(idle) == len(report.steps) and report.status == "ran":
+            del lines[-2:]  # its header: the grouped lines below name it
+            idle_plugins.append(report.name)
+            continue
         for step in report.steps:
+            if _did_nothing(step):
+                continue
             lines.append(f"  {_where(step)}:")
             if step.outcome != "ok":
                 lines.append(f"    {step.outcome}: {step.reason} (its changes are discarded)")
@@ -884,8 +1003,10 @@ def render_text(explanation: Explanation) -> str:
                 lines.append(f"    response ({how}):")
                 lines += [f"      {name}: {_value(value)}" for name, value in step.response.items()]
             lines += [f"    {_write_line(write)}" for write in step.writes]
-            if step.outcome == "ok" and not step.response and not step.writes:
-                lines.append("    nothing")
+        if idle:
+            lines.append("  nothing at " + ", ".join(_where(step) for step in idle))
+            idle_plugins.append(report.name)
+    lines += _idle_lines(idle_plugins, e.idle_reasons)
     lines += ["", "what the proxy sends on:"]
     for call in e.calls:
         head = f"  {call.call} {call.container}".rstrip()

@@ -8,6 +8,7 @@ front of containerd calling that server, and plays a pod through the proxy with
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -20,6 +21,9 @@ from pathlib import Path
 
 import click
 
+from runtimeproxy.api.runtime.v1 import api_pb2 as cri
+from runtimeproxy.play.kubelet import POD_UID_LABEL, build_plan
+from runtimeproxy.play.manifest import load_pod
 from runtimeproxy.testbed import Containerd
 
 REQUIRED_TOOLS = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
@@ -61,6 +65,8 @@ def run_demo(manifest: Path, keep_seconds: float) -> int:
             play = [*CLI, "play", str(manifest), "--endpoint", str(proxy_socket), "--cgroup-root", bed.cgroup_prefix]
             play += ["--log-dir", str(workdir / "pods")]  # removed with the workdir, never left behind
             _run(play)
+            _say("cgroup values before the hooks (runc's from the CRI request) and after, read from the node:")
+            click.echo(_cgroup_table(bed, manifest))
             if keep_seconds:
                 _say(f"pod is running; deleting it in {keep_seconds:g} s")
                 time.sleep(keep_seconds)
@@ -70,6 +76,29 @@ def run_demo(manifest: Path, keep_seconds: float) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     _say(f"proxy and hooks server drained and exited with {codes}; containerd stopped and its root removed")
     return max(codes, default=0)
+
+
+def _cgroup_table(bed: Containerd, manifest: Path) -> str:
+    """The demo pod's cgroup tables: the pod's, then each running container's (ids from CRI)."""
+    # mypy checks runtimeproxy.hooks as the top-level package ``hooks``: a static import from
+    # here would not resolve for it, so the table module is loaded at run time.
+    table = importlib.import_module("runtimeproxy.hooks.demo_table")
+    cgroups = importlib.import_module("runtimeproxy.hooks.cgroups")
+    read_table = table.read_table
+    plan = build_plan(load_pod(manifest), log_dir_base="/var/log/pods", cgroup_root=bed.cgroup_prefix)
+    fs = cgroups.CgroupFS(cgroups.CGROUP_ROOT)
+    request = cri.ListContainersRequest(filter=cri.ContainerFilter(label_selector={POD_UID_LABEL: plan.uid}))
+    answer = bed.call("RuntimeService/ListContainers", request.SerializeToString())
+    listed = cri.ListContainersResponse.FromString(answer)
+    ids = {container.metadata.name: container.id for container in listed.containers}
+    # No kubelet here: nobody writes the pod cgroup's kubelet values (the cpu plugin creates it
+    # and runc adds it in the other hierarchies), so its "before" is a new cgroup's.
+    tables = [read_table(fs, "pod", plan.cgroup_parent, None, None)]
+    for container in plan.containers:
+        if container.name in ids:
+            resources = container.request.config.linux.resources
+            tables.append(read_table(fs, container.name, plan.cgroup_parent, ids[container.name], resources))
+    return str(table.format_tables(tables))
 
 
 def _start_proxy(socket: Path, backend: str, hook_dir: Path, cgroup_root: str) -> subprocess.Popen[bytes]:

@@ -14,7 +14,7 @@ import pytest
 import structlog
 from click.testing import CliRunner
 from runtimeproxy.hooks import cli as cli_module
-from runtimeproxy.hooks.cgroups import CgroupFS
+from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
 from runtimeproxy.hooks.cli import cli
 from runtimeproxy.hooks.explain import (
     DryRunCgroupFS,
@@ -22,9 +22,11 @@ from runtimeproxy.hooks.explain import (
     Explanation,
     WriteRecorder,
     explain_manifest,
+    idle_reasons,
     render_text,
 )
-from runtimeproxy.hooks.policy import CPUClassPolicy, loads_policy
+from runtimeproxy.hooks.plugins import cpuset as cpuset_plugin
+from runtimeproxy.hooks.policy import DEFAULT_POLICY, CPUClassPolicy, loads_policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.resctrl import ResctrlFS
 from runtimeproxy.hooks.sdk import (
@@ -412,3 +414,51 @@ def test_explain_command_uses_the_policy_file(
     [cpu] = [p for p in data["plugins"] if p["name"] == "cpu-test"]
     [post] = [s for s in cpu["steps"] if s["hook"] == "PostStartContainer"]
     assert post["writes"][0]["value"] == "7000"
+
+
+# --- why plugins do nothing ---------------------------------------------------------------------------
+
+
+def test_idle_reasons_name_the_missing_annotation_and_zero_policy_values() -> None:
+    be = idle_reasons(DEFAULT_POLICY, QoSClass.BE, {}, version=CgroupVersion.V2, resctrl=False, besteffort=True)
+    assert "node.koordinator.sh/extended-resource-spec" in be["cpu"]
+    assert "cpu.BE.cfs_burst_percent is 0" in be["cpu"]
+    assert "memory.BE.min_percent/low_percent/throttling_percent are 0" in be["memory"]
+    assert "oom_score_adj 1000" in be["memory"]
+    assert be["cpuset"] == "cpuset.BE.pinned is false (shared pool)"
+    assert "resctrl is not mounted" in be["resctrl"]
+    assert 'network.interface is ""' in be["network"]
+
+    lsr = idle_reasons(DEFAULT_POLICY, QoSClass.LSR, {}, version=CgroupVersion.V1, resctrl=True)
+    assert "not pinned" in lsr["cpu"] and "extended-resource-spec" not in lsr["cpu"]
+    assert "has no cpuset in scheduling.koordinator.sh/resource-status" in lsr["cpuset"]
+    assert "v1_soft_limit is unset" in lsr["memory"]
+    assert "not mounted" not in lsr["resctrl"]
+
+    pinned = {"scheduling.koordinator.sh/resource-status": '{"cpuset": "0-1"}'}
+    lsr_pinned = idle_reasons(DEFAULT_POLICY, QoSClass.LSR, pinned, version=CgroupVersion.V1, resctrl=True)
+    assert "not pinned" not in lsr_pinned["cpu"]
+    assert lsr_pinned["cpuset"] == "the cpuset is already as assigned"
+
+    no_cgroups = idle_reasons(DEFAULT_POLICY, QoSClass.LS, {}, version=None, resctrl=False)
+    assert all(reason.startswith("no cgroup hierarchy") for reason in no_cgroups.values())
+
+
+async def test_text_groups_idle_plugins_in_one_line_each_with_its_reason(
+    node: tuple[FakeCgroup, FakeResctrl],
+) -> None:
+    idle = Plugin("idle-test", order=5)
+
+    @idle.on(HookPoint.PRE_CREATE_CONTAINER)
+    def nothing(**kwargs: Any) -> None:
+        pass
+
+    explanation = await explain("be-pod.yaml", node, plugins=[idle, cpuset_plugin.plugin, cpu_plugin()])
+    text = render_text(explanation)
+    assert "\n    nothing" not in text  # no per-hook "nothing" lines any more
+    assert "plugin idle-test" not in text and "plugin cpuset" not in text  # idle plugins lose their section
+    assert "  cpuset: cpuset.BE.pinned is false (shared pool)" in text.splitlines()
+    assert "  idle-test: no reason known (not a built-in plugin)" in text.splitlines()
+    assert "plugin cpu-test" in text  # a plugin that does something keeps its section
+    assert explanation.idle_reasons["cpuset"] == "cpuset.BE.pinned is false (shared pool)"
+    assert "idle-test" not in explanation.idle_reasons
