@@ -394,6 +394,7 @@ class CgroupFS:
         self.pod_roots = pod_roots if pod_roots is not None else PodRoots()
         self.listener = listener
         self._resolved_root: str | None = None
+        self._resolved_hierarchies: dict[str, str] = {}
         self.driver: CgroupDriver = driver
         self._version = version
 
@@ -438,14 +439,7 @@ class CgroupFS:
         Raises CgroupPathError for malformed input or a path that resolves outside the root.
         The path need not exist; for a container, the first existing runtime naming wins.
         """
-        _check_controller(controller)
-        base = self._hierarchy(controller)
-        relative = parent_path(parent)
-        directory = base / relative if relative else base
-        if container_id is not None:
-            names = self.container_dir_names(container_id)
-            directory = next((directory / name for name in names if (directory / name).is_dir()), directory / names[0])
-        target = directory / _check_file(file) if file is not None else directory
+        target = self._target(controller, parent, container_id, file)
         self._check_inside(target)
         return target
 
@@ -453,13 +447,36 @@ class CgroupFS:
         """:meth:`path`, for a cgroup runtime-hooks may change: a pod's or container's under the pod
         roots, reached without a symlink below the hierarchy root; CgroupScopeError otherwise."""
         self.pod_roots.check(parent)
-        target = self.path(controller, parent, container_id, file)
+        target = self._target(controller, parent, container_id, file)
         directory = target.parent if file is not None else target
         base = self._hierarchy(controller)
-        expected = os.path.join(os.path.realpath(base), directory.relative_to(base))
-        if os.path.realpath(directory) != expected:
-            raise CgroupScopeError(f"{directory} passes through a symlink ({os.path.realpath(directory)})")
+        # One resolution answers both questions: a directory that resolves to exactly where
+        # its name says, below the resolved hierarchy root, is inside the root and symlink-free.
+        expected = os.path.join(self._real_hierarchy(controller), directory.relative_to(base))
+        real = os.path.realpath(directory)
+        if real != expected:
+            self._check_inside(directory)  # outside the root altogether: say that first
+            raise CgroupScopeError(f"{directory} passes through a symlink ({real})")
         return target
+
+    def _target(self, controller: str, parent: str, container_id: str | None, file: str | None) -> Path:
+        _check_controller(controller)
+        base = self._hierarchy(controller)
+        relative = parent_path(parent)
+        directory = base / relative if relative else base
+        if container_id is not None:
+            names = self.container_dir_names(container_id)
+            directory = next((directory / name for name in names if (directory / name).is_dir()), directory / names[0])
+        return directory / _check_file(file) if file is not None else directory
+
+    def _real_hierarchy(self, controller: str) -> str:
+        # Like the root's, a hierarchy root's resolution does not change while the server runs.
+        real = self._resolved_hierarchies.get(controller)
+        if real is None:
+            base = self._hierarchy(controller)
+            self._check_inside(base)  # e.g. v1's cpu -> cpu,cpuacct: a link, but inside the root
+            real = self._resolved_hierarchies[controller] = os.path.realpath(base)
+        return real
 
     def _hierarchy(self, controller: str) -> Path:
         """The directory of the hierarchy root cgroup that ``controller``'s files are in."""
