@@ -369,6 +369,10 @@ class WriteListener(Protocol):
     def written(self, cgroups: CgroupFS, write: CgroupWrite) -> None: ...
 
 
+# Paths whose resolution CgroupFS remembers (a few per pod and container).
+_RESOLVED_MAX = 8192
+
+
 class CgroupFS:
     """The cgroup hierarchy at ``root``, for ``driver`` (``cgroupfs`` or ``systemd``); see the module doc.
 
@@ -395,6 +399,7 @@ class CgroupFS:
         self.listener = listener
         self._resolved_root: str | None = None
         self._resolved_hierarchies: dict[str, str] = {}
+        self._resolved: dict[str, str] = {}  # see _realpath
         self.driver: CgroupDriver = driver
         self._version = version
 
@@ -453,7 +458,7 @@ class CgroupFS:
         # One resolution answers both questions: a directory that resolves to exactly where
         # its name says, below the resolved hierarchy root, is inside the root and symlink-free.
         expected = os.path.join(self._real_hierarchy(controller), directory.relative_to(base))
-        real = os.path.realpath(directory)
+        real = self._realpath(directory)
         if real != expected:
             self._check_inside(directory)  # outside the root altogether: say that first
             raise CgroupScopeError(f"{directory} passes through a symlink ({real})")
@@ -484,9 +489,23 @@ class CgroupFS:
 
     def _check_inside(self, target: Path) -> None:
         real_root = self._real_root()
-        real = os.path.realpath(target)
+        real = self._realpath(target)
         if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
             raise CgroupPathError(f"{target} resolves to {real}, outside the cgroup root {real_root}")
+
+    def _realpath(self, path: Path) -> str:
+        """``os.path.realpath``, remembered: every check resolves a pod's few paths again and
+        again (about 50 us each, most of a plugin call). Sound because no symlink can appear
+        below a hierarchy root on a real cgroup filesystem: cgroupfs has no symlink operation,
+        so a path that once resolved to itself keeps doing so. Bounded: a full cache starts
+        over."""
+        key = str(path)
+        real = self._resolved.get(key)
+        if real is None:
+            if len(self._resolved) >= _RESOLVED_MAX:
+                self._resolved.clear()
+            real = self._resolved[key] = os.path.realpath(path)
+        return real
 
     def _real_root(self) -> str:
         # The root's own resolution does not change while the server runs; every target's
