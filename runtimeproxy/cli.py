@@ -14,8 +14,12 @@ import structlog
 import uvloop
 
 from runtimeproxy import __version__
-from runtimeproxy.cli_options import logging_options, max_message_size_option, metrics_address_option
-from runtimeproxy.cli_options import size_callback as _size_option
+from runtimeproxy.cli_options import (
+    logging_options,
+    max_message_size_option,
+    metrics_address_option,
+    optional_size_callback,
+)
 from runtimeproxy.dispatch.interceptor import DEFAULT_SKIP_LABEL
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS, HookLayer, HookSettings
 from runtimeproxy.dispatch.merge import CgroupDriver
@@ -28,10 +32,6 @@ from runtimeproxy.sdnotify import Watchdog, notify
 from runtimeproxy.server import ProxyServer, ProxySettings
 
 log = structlog.get_logger("runtimeproxy.cli")
-
-
-def _optional_size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    return None if value is None else _size_option(ctx, param, value)
 
 
 def _endpoint_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -146,7 +146,7 @@ def cli() -> None:
 )
 @click.option(
     "--held-request-budget",
-    callback=_optional_size_option,
+    callback=optional_size_callback,
     default=None,
     show_default="twice --max-message-size",
     show_envvar=True,

@@ -33,6 +33,11 @@ def size_callback(ctx: click.Context, param: click.Parameter, value: str) -> int
         raise click.BadParameter(str(exc)) from exc
 
 
+def optional_size_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """`size_callback` for an option whose default is None (unset)."""
+    return None if value is None else size_callback(ctx, param, value)
+
+
 def _message_size(ctx: click.Context, param: click.Parameter, value: str) -> int:
     size = size_callback(ctx, param, value)
     if size < MIN_MESSAGE_SIZE:
