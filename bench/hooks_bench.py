@@ -19,9 +19,7 @@ import itertools
 import json
 import math
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -31,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from relay_bench import Client, Proxy, background_cpus, percentile, socket_accepts, stop_process, verdict, workdir
+from relay_bench import Client, Proxy, Service, background_cpus, percentile, verdict, workdir
 from relay_client import machine_cpu_seconds
+from runtimeproxy.hooks.server import write_registration
 
 from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.testbed import Containerd
+from runtimeproxy.testbed.daemons import free_port
 
 BENCH_DIR = Path(__file__).resolve().parent
 CLIENT_SCRIPT = BENCH_DIR / "hooks_client.py"
@@ -78,68 +78,28 @@ SPACED_PROBE_GAP = 0.01  # s of idle between spaced probes, as between a pod sta
 # -- processes ------------------------------------------------------------------------------
 
 
-class HooksClient(Client):
-    """bench/hooks_client.py as a child process, driven like relay_bench's client."""
-
-    def __init__(self) -> None:  # Client's pipe protocol, another script
-        self.proc = subprocess.Popen([sys.executable, str(CLIENT_SCRIPT)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
-
-
-class HookServer:
-    """bench/hooks_server.py in its own session; its call counts are read when it stops."""
+class HookServer(Service):
+    """bench/hooks_server.py; the call counts it prints on stdout are read once it stopped."""
 
     def __init__(self, work: Path) -> None:
         self.socket = work / "hooks.sock"
-        self.log_path = work / "hooks-server.log"
-        self.proc: subprocess.Popen[str] | None = None
+        super().__init__(work, "hooks-server", [sys.executable, str(SERVER_SCRIPT), str(self.socket)],
+                         split_output=True)
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, timeout: float = 20.0) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, str(SERVER_SCRIPT), str(self.socket)],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                         text=True, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not (self.socket.exists() and socket_accepts(self.socket)):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the hook server did not serve:\n{self.log_path.read_text(errors='replace')}")
-            time.sleep(0.02)
-
-    def stop(self) -> dict[str, dict[str, int]]:
-        """SIGTERM; returns the counts it prints ({} if it printed none)."""
-        if self.proc is None:
+    def counts(self) -> dict[str, dict[str, int]]:
+        """The counts it printed on SIGTERM ({} if it printed none, or had to be killed)."""
+        if self.daemon is None or self.daemon.proc.returncode != 0:
             return {}
-        proc, self.proc = self.proc, None
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            stop_process(proc)
-            return {}
-        lines = out.strip().splitlines()
+        lines = self.daemon.stdout().strip().splitlines()
         counts: dict[str, dict[str, int]] = json.loads(lines[-1]) if lines else {}
         return counts
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def register_hook_server(hook_dir: Path, endpoint: Path) -> None:
-    """Register the no-op server for every hook point (written whole, then renamed in)."""
+    """Register the no-op server for every hook point."""
     config = {"remote-endpoint": str(endpoint), "failure-policy": "Ignore",
               "runtime-hooks": [point.value for point in HookPoint]}
-    scratch = hook_dir / f".{REGISTRATION}.tmp"
-    scratch.write_text(json.dumps(config, indent=2) + "\n")
-    scratch.rename(hook_dir / REGISTRATION)
+    write_registration(str(hook_dir), REGISTRATION, config)
 
 
 # -- the proxy's metrics --------------------------------------------------------------------
@@ -236,7 +196,7 @@ def wait_for_hook_calls(url: str, expected: float, timeout: float = 10.0) -> Hoo
         time.sleep(0.05)
 
 
-def wait_for_metrics(url: str, proxy: Proxy, timeout: float = 10.0) -> None:
+def wait_for_metrics(url: str, service: Service, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -244,7 +204,7 @@ def wait_for_metrics(url: str, proxy: Proxy, timeout: float = 10.0) -> None:
             return
         except OSError as exc:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no metrics at {url}: {exc}\n{proxy.log_tail()}") from None
+                raise RuntimeError(f"no metrics at {url}: {exc}\n{service.log_tail()}") from None
             time.sleep(0.05)
 
 
@@ -346,7 +306,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     server: HookServer | None = None
     proxy: Proxy | None = None
     bare: Proxy | None = None
-    client: HooksClient | None = None
+    client: Client | None = None
     with workdir() as work:
         try:
             bed.start()
@@ -354,7 +314,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             server.start()
             port = free_port()
             proxy = Proxy(work, bed.address)
-            register_hook_server(work / "proxy-hooks", server.socket)  # Proxy made this --hook-config-dir
+            register_hook_server(proxy.hook_dir, server.socket)
             bare = Proxy(work, bed.address, name="bare")  # the same, with an empty hook directory
             for each in (proxy, bare):
                 each.argv += ["--cgroup-parent-root", f"/{bed.cgroup_prefix}"]
@@ -363,7 +323,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             bare.start()
             metrics_url = f"http://127.0.0.1:{port}/metrics"
             wait_for_metrics(metrics_url, proxy)
-            client = HooksClient()
+            client = Client(CLIENT_SCRIPT)
             assert bed.pid is not None
             watch = {"proxy": proxy.pid, "proxy (no hooks)": bare.pid, "hook server": server.pid,
                      "containerd": bed.pid}
@@ -412,7 +372,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             for each in (proxy, bare):
                 each.stop()
             proxy = bare = None
-            counts = server.stop()
+            server.stop()
+            counts = server.counts()
             server = None
 
             per_hook = {point.value: hook_metrics.summary([point.value]) for point in EXERCISED}
@@ -486,6 +447,23 @@ def check_hook_calls(report: dict[str, Any]) -> list[str]:
 
 def fmt_paired(p: dict[str, float]) -> str:
     return f"{p['mean_ms']:+.1f} ± {p['ci95_ms']:.1f} ms (median {p['median_ms']:+.1f})"
+
+
+def print_start_table(series: dict[str, Any], targets: Sequence[str], labels: dict[str, str]) -> None:
+    """The pod-start table: one row a target, with the step p50s and each round's p50."""
+    width = max(len(labels[t]) for t in targets) + 2
+    print("Pod start = RunPodSandbox + CreateContainer + StartContainer, one pod at a time (ms)")
+    head = (f"{'target':<{width}}{'pods':>5}{'p50':>8}{'mean':>8}{'p90':>8}{'min':>8}{'max':>8}   "
+            f"{'Run p50':>8}{'Create p50':>11}{'Start p50':>10}   p50 per round")
+    print(head)
+    print("-" * len(head))
+    for target in targets:
+        s = series[target]
+        st, steps = s["start"], s["steps"]
+        rounds = " ".join(f"{v:.1f}" for v in s["round_p50_ms"])
+        print(f"{labels[target]:<{width}}{st['n']:>5}{st['p50_ms']:>8.1f}{st['mean_ms']:>8.1f}{st['p90_ms']:>8.1f}"
+              f"{st['min_ms']:>8.1f}{st['max_ms']:>8.1f}   {steps['RunPodSandbox']['p50_ms']:>8.1f}"
+              f"{steps['CreateContainer']['p50_ms']:>11.1f}{steps['StartContainer']['p50_ms']:>10.1f}   {rounds}")
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -613,20 +591,3 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def print_start_table(series: dict[str, Any], targets: Sequence[str], labels: dict[str, str]) -> None:
-    """The pod-start table: one row a target, with the step p50s and each round's p50."""
-    width = max(len(labels[t]) for t in targets) + 2
-    print("Pod start = RunPodSandbox + CreateContainer + StartContainer, one pod at a time (ms)")
-    head = (f"{'target':<{width}}{'pods':>5}{'p50':>8}{'mean':>8}{'p90':>8}{'min':>8}{'max':>8}   "
-            f"{'Run p50':>8}{'Create p50':>11}{'Start p50':>10}   p50 per round")
-    print(head)
-    print("-" * len(head))
-    for target in targets:
-        s = series[target]
-        st, steps = s["start"], s["steps"]
-        rounds = " ".join(f"{v:.1f}" for v in s["round_p50_ms"])
-        print(f"{labels[target]:<{width}}{st['n']:>5}{st['p50_ms']:>8.1f}{st['mean_ms']:>8.1f}{st['p90_ms']:>8.1f}"
-              f"{st['min_ms']:>8.1f}{st['max_ms']:>8.1f}   {steps['RunPodSandbox']['p50_ms']:>8.1f}"
-              f"{steps['CreateContainer']['p50_ms']:>11.1f}{steps['StartContainer']['p50_ms']:>10.1f}   {rounds}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -112,6 +113,23 @@ def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
     return {name: after[name] - before[name] for name in before}
 
 
+def sched_snapshot(watch: dict[str, int]) -> dict[str, list[int]]:
+    """Per watched process, summed over its threads: [ns on a CPU, ns runnable but waiting for
+    one] (/proc/PID/task/TID/schedstat, whose third field is the number of time slices)."""
+    found: dict[str, list[int]] = {}
+    for name, pid in watch.items():
+        run = wait = 0
+        for task in os.scandir(f"/proc/{pid}/task"):
+            try:
+                with open(os.path.join(task.path, "schedstat")) as stat:
+                    fields = stat.read().split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            run, wait = run + int(fields[0]), wait + int(fields[1])
+        found[name] = [run, wait]
+    return found
+
+
 async def run_pods(job: dict[str, Any]) -> dict[str, Any]:
     """Start every pod of the job in its order, each through its own socket, then stop and
     remove them in the same order through the same sockets."""
@@ -125,13 +143,18 @@ async def run_pods(job: dict[str, Any]) -> dict[str, Any]:
     cpu_start: list[dict[str, float]] = []
     teardown: list[float] = []
     cpu_teardown: list[dict[str, float]] = []
+    ended: list[float] = []  # time.monotonic() when each start ended (perf_counter's clock on Linux)
+    sched: list[dict[str, list[int]]] = []  # sched_snapshot deltas around each start
     try:
         for cri in clients.values():
             await cri("Version", pb.VersionRequest(version="v1"), pb.VersionResponse)  # connect first
         for pod in job["pods"]:
             cri = clients[pod["socket"]]
-            before = cpu_snapshot(watch)
+            before, sched_before = cpu_snapshot(watch), sched_snapshot(watch)
             pod_id, container_id, times = await start_pod(cri, pod, job["image"])
+            ended.append(time.monotonic())
+            sched_after = sched_snapshot(watch)
+            sched.append({n: [a - b for a, b in zip(sched_after[n], sched_before[n], strict=True)] for n in watch})
             cpu_start.append(cpu_used(before, cpu_snapshot(watch)))
             started.append((cri, pod_id, container_id))
             steps.append(times)
@@ -150,7 +173,8 @@ async def run_pods(job: dict[str, Any]) -> dict[str, Any]:
                 pass  # the test bed's own clean-up removes whatever is left
         for channel in channels.values():
             await channel.close(None)
-    return {"steps": steps, "teardown": teardown, "cpu_start": cpu_start, "cpu_teardown": cpu_teardown}
+    return {"steps": steps, "teardown": teardown, "cpu_start": cpu_start, "cpu_teardown": cpu_teardown,
+            "ended": ended, "sched_start": sched}
 
 
 def probe_request() -> Any:

@@ -4,10 +4,10 @@
 
 Serves every RPC of runtime.v1alpha1.RuntimeHookService (grpc.aio, the project's
 generated stubs) on the unix socket SOCKET: each decodes its request and answers an
-empty response, so the proxy changes nothing. It counts calls per hook point; calls
-that carry the PROBE_KEY metadata (the bench client's direct round-trip probes) are
-counted apart. On SIGTERM or SIGINT it stops and prints the counts as one JSON line on
-stdout: {"calls": {"PreRunPodSandbox": 41, ...}, "probes": {...}}.
+empty response, so the proxy changes nothing. It sends READY=1 to $NOTIFY_SOCKET once it
+serves. It counts calls per hook point; calls that carry the PROBE_KEY metadata (the bench
+client's direct round-trip probes) are counted apart. On SIGTERM or SIGINT it stops and prints
+the counts as one JSON line on stdout: {"calls": {"PreRunPodSandbox": 41, ...}, "probes": {...}}.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import grpc.aio
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
+from runtimeproxy.sdnotify import notify
 
 PROBE_KEY = "x-hooks-bench-probe"
 SERVICE = hook.DESCRIPTOR.services_by_name["RuntimeHookService"]
@@ -53,6 +54,7 @@ async def serve(socket_path: str) -> dict[str, dict[str, int]]:
     hook_grpc.add_RuntimeHookServiceServicer_to_server(noop_servicer(calls, probes), server)  # type: ignore[no-untyped-call]
     server.add_insecure_port(f"unix://{socket_path}")
     await server.start()
+    notify("READY=1")  # the bench waits for it, as for the daemons (runtimeproxy/testbed/daemons.py)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -36,16 +36,18 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from hooks_bench import free_port, pod_spec, wait_for_metrics  # bench/ is on sys.path when run as a script
+from hooks_bench import pod_spec  # bench/ is on sys.path when run as a script
 from hooks_client import Cri, remove_pod
 from prometheus_client.parser import text_string_to_metric_families
-from relay_bench import Proxy, proc_status_kib, workdir
-from runtime_hooks_bench import KINDS, POLICY, PluginMetrics, RuntimeHooks, fake_resctrl, scratch_dir
+from relay_bench import Proxy, workdir
+from runtime_hooks_bench import KINDS, POLICY, HookedProxy, PluginMetrics, RuntimeHooks, fake_resctrl, scratch_dir
 from runtime_hooks_client import KUBE_QOS, start_pod
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.containerd import cgroup_hierarchies
+from runtimeproxy.testbed.daemons import open_fds, proc_status_kib
+from runtimeproxy.testbed.podcgroups import remove_pod_cgroups
 
 CRI = "/runtime.v1.RuntimeService/"
 IMAGES = "/runtime.v1.ImageService/"
@@ -108,8 +110,8 @@ class Usage:
 
 
 def usage(pid: int) -> Usage:
-    return Usage(proc_status_kib(pid, "VmRSS"), len(os.listdir(f"/proc/{pid}/fd")),
-                 proc_status_kib(pid, "Threads"))  # Threads is a count, in the same line format
+    # Threads is a count, in the same line format as VmRSS
+    return Usage(proc_status_kib(pid, "VmRSS"), open_fds(pid), proc_status_kib(pid, "Threads"))
 
 
 def metric_samples(url: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -319,7 +321,7 @@ async def steady_fds(pids: Sequence[int], interval: float = 0.1, reads: int = 5,
     began = time.monotonic()
     same, last = 0, None
     while same < reads and time.monotonic() - began < timeout:
-        counts = [len(os.listdir(f"/proc/{pid}/fd")) for pid in pids]
+        counts = [open_fds(pid) for pid in pids]
         same = same + 1 if counts == last else 0
         last = counts
         await asyncio.sleep(interval)
@@ -338,25 +340,10 @@ async def remove_pods_of(cri: Cri, uid: str) -> None:
 
 
 async def remove_pod_cgroup(parent: str, timeout: float = 5.0) -> str:
-    """Remove the pod cgroup from every hierarchy, as kubelet does once the pod is gone
-    (runc removed the containers' cgroups inside it); retried while the kernel still counts
-    a dying task in it. Returns "" or what could not be removed."""
-    paths = [h / parent.lstrip("/") for h in cgroup_hierarchies()]
-    deadline = time.monotonic() + timeout
-    while True:
-        busy = []
-        for path in paths:
-            try:
-                path.rmdir()
-            except FileNotFoundError:
-                pass
-            except OSError as err:
-                busy.append(f"{path}: {err.strerror}")
-        if not busy:
-            return ""
-        if time.monotonic() > deadline:
-            return "pod cgroup not removable: " + "; ".join(busy)
-        await asyncio.sleep(0.05)
+    """Remove the pod cgroup from every hierarchy, as kubelet does once the pod is gone, retried
+    while the kernel still counts a dying task in it. Returns "" or what could not be removed."""
+    left = await asyncio.to_thread(remove_pod_cgroups, parent, timeout)
+    return "pod cgroup not removable: " + "; ".join(left) if left else ""
 
 
 # -- set-up, checks, report --------------------------------------------------------------------------
@@ -507,24 +494,16 @@ def not_ok(samples: dict[tuple[tuple[str, str], ...], float], fine: tuple[str, .
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     began = time.monotonic()
     bed = Containerd(pod_network=False)
-    proxy: Proxy | None = None
-    hooks: RuntimeHooks | None = None
+    stack: HookedProxy | None = None
     with workdir() as work, scratch_dir() as scratch:
         policy = work / "policy.yaml"
         policy.write_text(POLICY)
         try:
             bed.start()
             resctrl = fake_resctrl(scratch / "resctrl", policy)
-            proxy = Proxy(work, bed.address)  # makes work/proxy-hooks, its --hook-config-dir
-            port = free_port()
-            proxy.argv += ["--cgroup-parent-root", f"/{bed.cgroup_prefix}", "--metrics-address", f"127.0.0.1:{port}"]
-            hooks = RuntimeHooks(work, "hooks", hook_dir=work / "proxy-hooks", cgroup_root="/sys/fs/cgroup",
-                                 resctrl_root=resctrl, policy=policy, runtime_endpoint=bed.address,
-                                 pod_root=f"/{bed.cgroup_prefix}/kubepods")
-            hooks.start()  # registers before the proxy starts: the proxy finds it on its first scan
-            proxy.start()
-            proxy_metrics = f"http://127.0.0.1:{port}/metrics"
-            wait_for_metrics(proxy_metrics, proxy)
+            stack = HookedProxy.make(work, bed, resctrl, policy, "hooks")
+            stack.start()
+            proxy, hooks, proxy_metrics = stack.proxy, stack.hooks, stack.metrics_url
             setup_s = time.monotonic() - began
             print(SAMPLE_HEAD, file=sys.stderr)
             run = asyncio.run(drive(args, Daemons(bed, proxy, hooks, proxy_metrics)))
@@ -541,9 +520,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                                                                                            ("hooks", hooks))}
             plugins = [arg.split("=", 1)[1] for arg in hooks.argv if arg.startswith("--enable=")]
         finally:
-            for daemon in (proxy, hooks):
-                if daemon is not None:
-                    daemon.stop()
+            if stack is not None:
+                stack.stop()
             bed.stop()  # raises if the test bed could not remove something
     verdict = judge(run["samples"], args.warmup_pods)
     error_total = (run["error_count"] + sum(checks["hook_calls_not_ok"].values())

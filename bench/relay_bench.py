@@ -17,8 +17,6 @@ import math
 import os
 import pstats
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,8 @@ from relay_client import machine_cpu_seconds  # bench/ is on sys.path when run a
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.testbed import Containerd
+from runtimeproxy.testbed.daemons import Daemon, proc_status_kib, stop_process
+from runtimeproxy.testbed.serve_args import proxy_serve_args
 
 BENCH_DIR = Path(__file__).resolve().parent
 CLIENT_SCRIPT = BENCH_DIR / "relay_client.py"
@@ -45,7 +45,7 @@ TARGETS = ("direct", "proxy")
 # Targets printed next to the figures; the bench reports, it does not assert.
 TARGET_ADDED_P50_MS = 0.3
 TARGET_THROUGHPUT_RATIO_AT_16 = 0.5
-TARGET_RSS_MIB = 50.0
+TARGET_RSS_MIB = 40.0
 PROFILE_ENV = "RELAY_BENCH_PROFILE"
 # Run the CLI's own main() under cProfile, timing CPU (not wall) time, until SIGTERM.
 PROFILED_MAIN = f"""
@@ -65,14 +65,6 @@ finally:
 # -- processes and /proc ----------------------------------------------------------------
 
 
-def proc_status_kib(pid: int, key: str) -> int:
-    """A kB field of /proc/<pid>/status, e.g. VmRSS or VmHWM."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(f"{key} not in /proc/{pid}/status")
-
-
 def background_cpus(seconds: float) -> float:
     """CPUs' worth of time the whole machine is busy over `seconds` (before our load)."""
     busy_before, _ = machine_cpu_seconds()
@@ -82,92 +74,57 @@ def background_cpus(seconds: float) -> float:
     return (busy_after - busy_before) / (time.monotonic() - began)
 
 
-def proxy_command() -> list[str]:
-    """The `runtime-proxy` console script of this interpreter's environment."""
-    script = Path(sys.executable).parent / "runtime-proxy"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("runtime-proxy")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "from runtimeproxy.cli import main; main()"]
+class Service:
+    """One of our daemons started through its command line in its own session and waited for
+    (READY=1); `argv` may still grow until `start`."""
 
-
-def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `timeout`; a no-op for a process already gone."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def socket_accepts(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            sock.connect(str(path))
-        except OSError:
-            return False
-        return True
-
-
-class Proxy:
-    """runtime-proxy serve, started through its real command line in its own session."""
-
-    def __init__(self, workdir: Path, backend: str, name: str = "proxy", profile: Path | None = None) -> None:
-        self.socket = workdir / name / "proxy.sock"
-        self.log_path = workdir / f"{name}.log"
-        hook_dir = workdir / f"{name}-hooks"
-        hook_dir.mkdir()
-        self.env = dict(os.environ)
-        command = proxy_command()
-        if profile is not None:
-            # The same CLI entry point, under cProfile with a CPU clock.
-            command = [sys.executable, "-c", PROFILED_MAIN]
-            self.env[PROFILE_ENV] = str(profile)
-        self.argv = [
-            *command, "serve",
-            "--endpoint", f"unix://{self.socket}",
-            "--remote-runtime-endpoint", backend,
-            "--hook-config-dir", str(hook_dir),
-            "--log-level", "info",
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
+    def __init__(self, work: Path, name: str, argv: list[str], env: dict[str, str] | None = None, *,
+                 split_output: bool = False) -> None:
+        self.work, self.name, self.argv, self.env = work, name, argv, env or {}
+        self.split_output = split_output
+        self.daemon: Daemon | None = None
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        assert self.daemon is not None
+        return self.daemon.pid
 
     def start(self, timeout: float = 20.0) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, env=self.env,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not (self.socket.exists() and socket_accepts(self.socket)):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"runtime-proxy exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"runtime-proxy did not serve within {timeout}s:\n{self.log_tail()}")
-            time.sleep(0.02)
+        self.daemon = Daemon(self.work, self.name, self.argv, self.env, split_output=self.split_output,
+                             stop_timeout=10.0, new_session=True)
+        self.daemon.wait_ready(timeout)
 
     def stop(self) -> None:
-        stop_process(self.proc)
+        """SIGTERM, then SIGKILL after 10 s; a no-op for one not started."""
+        if self.daemon is not None:
+            self.daemon.stop()
 
     def log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
+        return self.daemon.log_tail(lines) if self.daemon is not None else "(not started)"
+
+
+class Proxy(Service):
+    """runtime-proxy serve, with an empty --hook-config-dir of its own (`hook_dir`)."""
+
+    def __init__(self, work: Path, backend: str, name: str = "proxy", profile: Path | None = None) -> None:
+        self.socket = work / name / "proxy.sock"
+        self.hook_dir = work / f"{name}-hooks"
+        self.hook_dir.mkdir()
+        argv = proxy_serve_args(self.socket, backend, self.hook_dir, "--log-level", "info")
+        env = {}
+        if profile is not None:
+            # The same CLI entry point, under cProfile with a CPU clock (the daemon runs in `work`).
+            argv[:argv.index("serve")] = [sys.executable, "-c", PROFILED_MAIN]
+            env[PROFILE_ENV] = str(profile.resolve())
+        super().__init__(work, name, argv, env)
 
 
 class Client:
-    """bench/relay_client.py as a child process: one JSON job in, one JSON answer out."""
+    """A bench client script (bench/relay_client.py by default) as a child process: one JSON job
+    in, one JSON answer out."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(CLIENT_SCRIPT)], stdin=subprocess.PIPE,
+    def __init__(self, script: Path = CLIENT_SCRIPT) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, start_new_session=True)
 
     def run(self, **job: Any) -> dict[str, Any]:
@@ -193,7 +150,7 @@ class Client:
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            stop_process(self.proc)
+            stop_process(self.proc, 10.0)
 
 
 # -- filling containerd ---------------------------------------------------------------------

@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,13 +36,14 @@ from pathlib import Path
 from typing import Any
 
 import hooks_bench  # bench/ is on sys.path when run as a script
-from hooks_bench import HookServer, Series, compare, fmt_paired, free_port, interleaved, pod_spec, wait_for_metrics
+from hooks_bench import HookServer, Series, compare, fmt_paired, interleaved, pod_spec, wait_for_metrics
 from prometheus_client.parser import text_string_to_metric_families
-from relay_bench import Client, Proxy, background_cpus, percentile, socket_accepts, stop_process, verdict, workdir
+from relay_bench import Client, Proxy, Service, background_cpus, percentile, verdict, workdir
 from relay_client import machine_cpu_seconds
 from runtime_hooks_client import KUBE_QOS, container_config, sandbox_config
 from runtimeproxy.hooks.cgroups import CgroupFS
 from runtimeproxy.hooks.plugins.resctrl import LAYOUTS, plan_groups
+from runtimeproxy.hooks.plugins.resctrl import plugin as resctrl_plugin
 from runtimeproxy.hooks.policy import load_policy
 from runtimeproxy.hooks.resctrl import ResctrlFS, ResctrlInfo
 from runtimeproxy.hooks.sdk import Handler, Plugin, PluginRunner, ServerContext, discover_plugins
@@ -63,6 +63,8 @@ from runtimeproxy.dispatch import protocol
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 from runtimeproxy.logs import configure_logging
 from runtimeproxy.testbed import Containerd
+from runtimeproxy.testbed.daemons import free_port, proc_status_kib
+from runtimeproxy.testbed.serve_args import hooks_command, hooks_serve_args
 
 BENCH_DIR = Path(__file__).resolve().parent
 CLIENT_SCRIPT = BENCH_DIR / "runtime_hooks_client.py"
@@ -93,84 +95,63 @@ TARGET_START_RATIO = 1.05
 # -- processes ----------------------------------------------------------------------------
 
 
-class HooksClient(Client):
-    """bench/runtime_hooks_client.py as a child process, driven like relay_bench's client."""
-
-    def __init__(self) -> None:  # Client's pipe protocol, another script
-        self.proc = subprocess.Popen([sys.executable, str(CLIENT_SCRIPT)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def hooks_command() -> list[str]:
-    """The `runtime-hooks` console script of this interpreter's environment."""
-    script = Path(sys.executable).parent / "runtime-hooks"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("runtime-hooks")
-    if found:
-        return [found]
-    return [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()"]
-
-
-class RuntimeHooks:
-    """`runtime-hooks serve` through its real command line, in its own session, with the
-    built-in plugins (all of them, and only them), writing its registration into `hook_dir`."""
+class RuntimeHooks(Service):
+    """`runtime-hooks serve` with the built-in plugins (all of them, and only them), writing its
+    registration into `hook_dir`."""
 
     def __init__(self, work: Path, name: str, *, hook_dir: Path, cgroup_root: str, resctrl_root: Path,
                  policy: Path, runtime_endpoint: str = "", pod_root: str = "/kubepods") -> None:
         self.socket = work / name / "hooks.sock"
-        self.log_path = work / f"{name}.log"
         self.registration = hook_dir / REGISTRATION_FILE
         port = free_port()
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
-        self.argv = [
-            *hooks_command(), "serve",
-            "--endpoint", f"unix://{self.socket}",
-            "--hook-config-dir", str(hook_dir),
-            "--cgroup-root", cgroup_root,
-            "--cgroup-driver", "cgroupfs",  # the test bed's runc runs with SystemdCgroup = false
-            "--cgroup-parent-root", pod_root,  # only pod cgroups below it are written
-            "--resctrl-root", str(resctrl_root),
+        argv = [
+            *hooks_serve_args(hooks_command(), self.socket, hook_dir, cgroup_root, pod_root, resctrl_root),
             "--policy", str(policy),
             "--runtime-endpoint", runtime_endpoint,  # "": no reconciler
             "--metrics-address", f"127.0.0.1:{port}",
             "--log-level", "info",
             *(f"--enable={name}" for name in PLUGINS),
         ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        super().__init__(work, name, argv)
 
     def start(self, timeout: float = 30.0) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not (self.socket.exists() and socket_accepts(self.socket) and self.registration.exists()):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"runtime-hooks exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"runtime-hooks did not serve within {timeout}s:\n{self.log_tail()}")
-            time.sleep(0.02)
-        wait_for_metrics(self.metrics_url, self)  # type: ignore[arg-type]  # a Proxy there: only log_tail() is used
-        log_text = self.log_path.read_text(errors="replace")
-        if "resctrl groups ready" not in log_text:
+        super().start(timeout)  # READY=1 comes once it serves, registered, with its metrics
+        if self.daemon is not None and "resctrl groups ready" not in self.daemon.stdout():
             raise RuntimeError(f"the resctrl plugin did not set up its groups:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
 
     def registered_points(self) -> list[str]:
         points: list[str] = json.loads(self.registration.read_text())["runtime-hooks"]
         return points
 
-    def log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
+
+@dataclass
+class HookedProxy:
+    """The proxy in front of the test bed calling runtime-hooks (all built-in plugins on the real
+    cgroups of the test bed's pods, a fake resctrl), each its own process."""
+
+    proxy: Proxy
+    hooks: RuntimeHooks
+    metrics_url: str
+
+    @classmethod
+    def make(cls, work: Path, bed: Containerd, resctrl: Path, policy: Path, hooks_name: str) -> HookedProxy:
+        proxy = Proxy(work, bed.address)
+        port = free_port()
+        proxy.argv += ["--cgroup-parent-root", f"/{bed.cgroup_prefix}", "--metrics-address", f"127.0.0.1:{port}"]
+        hooks = RuntimeHooks(work, hooks_name, hook_dir=proxy.hook_dir, cgroup_root="/sys/fs/cgroup",
+                             resctrl_root=resctrl, policy=policy, runtime_endpoint=bed.address,
+                             pod_root=f"/{bed.cgroup_prefix}/kubepods")
+        return cls(proxy, hooks, f"http://127.0.0.1:{port}/metrics")
+
+    def start(self) -> None:
+        self.hooks.start()  # registers before the proxy starts: the proxy finds it on its first scan
+        self.proxy.start()
+        wait_for_metrics(self.metrics_url, self.proxy)
+
+    def stop(self) -> None:
+        self.proxy.stop()
+        self.hooks.stop()
 
 
 # -- fake node trees ------------------------------------------------------------------------
@@ -199,7 +180,10 @@ def fake_resctrl(root: Path, policy: Path) -> Path:
     fake = make_fake_resctrl(root)
     for name, _classes in LAYOUTS[3]:
         fake.mkdir(root / name)
-    plan = plan_groups(ResctrlInfo.from_root(root), load_policy(policy).resctrl, 3)
+    spec = resctrl_plugin.settings_spec
+    assert spec is not None
+    section = load_policy(policy, specs={spec.name: spec}).section(spec)
+    plan = plan_groups(ResctrlInfo.from_root(root), section.for_class, 3)
     for group in plan.groups:
         (root / group.name / "schemata").write_text(group.schemata)
     return root
@@ -359,7 +343,7 @@ class HookSeries:
         }
 
 
-def run_hook_calls(args: argparse.Namespace, client: HooksClient, work: Path, scratch: Path) -> dict[str, Any]:
+def run_hook_calls(args: argparse.Namespace, client: Client, work: Path, scratch: Path) -> dict[str, Any]:
     tree = make_fake_cgroup_v1(scratch / "cgroup", driver="cgroupfs")
     resctrl = fake_resctrl(scratch / "resctrl", work / "policy.yaml")
     pods = fake_pods(tree, args.pool)
@@ -387,10 +371,11 @@ def run_hook_calls(args: argparse.Namespace, client: HooksClient, work: Path, sc
                         plugins = PluginMetrics.scrape(server.metrics_url).minus(before) if before else None
                         series[target, point, concurrency].add(answer, plugins)
             print(f"hook calls: round {round_no + 1}/{args.hook_rounds} done", file=sys.stderr)
-        rss_peak_kib = _status_kib(server.pid, "VmHWM")
+        rss_peak_kib = proc_status_kib(server.pid, "VmHWM")
     finally:
         server.stop()
-        counted = noop.stop()
+        noop.stop()
+        counted = noop.counts()
     if not all(counted.get("calls", {}).get(point.value) for point in POINTS):
         raise RuntimeError(f"the no-op hook server was not called on every hook point: {counted}")
     return {
@@ -438,7 +423,8 @@ def inline_copy(plugin: Plugin, clock: Clock) -> Plugin:
     """The plugin with each handler wrapped in an async function that calls it inline (on the
     event loop, no thread) and clocks it under the plugin's name; same name, order and policy."""
     copy = Plugin(plugin.name, version=plugin.version, order=plugin.order, failure_policy=plugin.failure_policy,
-                  timeout=plugin.timeout, policy_section=plugin.policy_section)
+                  timeout=plugin.timeout, state=plugin.state_factory, needs=plugin.needs)
+    copy.settings_spec = plugin.settings_spec  # the same settings, defaults and all
 
     def inline(handler: Handler, name: str) -> Callable[..., Any]:
         async def call(**kwargs: Any) -> Any:
@@ -534,13 +520,6 @@ def in_process_breakdown(args: argparse.Namespace, scratch: Path, policy_path: P
     return asyncio.run(_breakdown(args, scratch, policy_path))
 
 
-def _status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 # -- part 2: pod start through the proxy and runtime-hooks ---------------------------------------
 
 
@@ -550,24 +529,16 @@ def read_quota(parent: str) -> str | None:
     return None
 
 
-def run_pod_starts(args: argparse.Namespace, client: HooksClient, work: Path, scratch: Path) -> dict[str, Any]:
+def run_pod_starts(args: argparse.Namespace, client: Client, work: Path, scratch: Path) -> dict[str, Any]:
     bed = Containerd(pod_network=False)
-    proxy: Proxy | None = None
-    server: RuntimeHooks | None = None
+    stack: HookedProxy | None = None
     began = time.monotonic()
     try:
         bed.start()
         resctrl = fake_resctrl(scratch / "resctrl-pods", work / "policy.yaml")
-        proxy = Proxy(work, bed.address)  # makes work/proxy-hooks, its --hook-config-dir
-        proxy_port = free_port()
-        proxy.argv += ["--cgroup-parent-root", f"/{bed.cgroup_prefix}", "--metrics-address", f"127.0.0.1:{proxy_port}"]
-        server = RuntimeHooks(work, "hooks-pods", hook_dir=work / "proxy-hooks", cgroup_root="/sys/fs/cgroup",
-                              resctrl_root=resctrl, policy=work / "policy.yaml", runtime_endpoint=bed.address,
-                              pod_root=f"/{bed.cgroup_prefix}/kubepods")
-        server.start()  # registers before the proxy starts: the proxy finds it on its first scan
-        proxy.start()
-        proxy_url = f"http://127.0.0.1:{proxy_port}/metrics"
-        wait_for_metrics(proxy_url, proxy)
+        stack = HookedProxy.make(work, bed, resctrl, work / "policy.yaml", "hooks-pods")
+        stack.start()
+        proxy, server, proxy_url = stack.proxy, stack.hooks, stack.metrics_url
         # The proxy labels its hook metrics with the registration file's name.
         hooks_bench.REGISTRATION = REGISTRATION_FILE
         assert bed.pid is not None
@@ -643,9 +614,8 @@ def run_pod_starts(args: argparse.Namespace, client: HooksClient, work: Path, sc
             "timings": {"setup_s": setup_s, "pods_s": pods_s},
         }
     finally:
-        for each in (proxy, server):
-            if each is not None:
-                each.stop()
+        if stack is not None:
+            stack.stop()
         bed.stop()
 
 
@@ -784,12 +754,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     began = time.monotonic()
     report: dict[str, Any] = {"environment": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                                               "policy_overlay": POLICY}}
-    client: HooksClient | None = None
+    client: Client | None = None
     with workdir() as work, scratch_dir() as scratch:
         (work / "policy.yaml").write_text(POLICY)
         try:
             report["environment"]["background_cpus"] = background_cpus(2.0)
-            client = HooksClient()
+            client = Client(CLIENT_SCRIPT)
             if not args.skip_calls:
                 report["hook_calls"] = run_hook_calls(args, client, work, scratch)
                 report["breakdown"] = in_process_breakdown(args, scratch, work / "policy.yaml")

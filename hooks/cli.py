@@ -34,11 +34,14 @@ from runtimeproxy.metrics import start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 
 from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots
-from .policy import DEFAULT_POLICY, Policy, PolicyError, PolicyWatcher, dump_policy, load_policy
+from .nri.modes import mode_lines, modes_of
+from .nri.plugin import DEFAULT_PLUGIN_INDEX, DEFAULT_PLUGIN_NAME, NriSettings
+from .nri.serving import start_nri
+from .policy import Policy, PolicyError, PolicyWatcher, Specs, default_policy, dump_policy, load_policy
 from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl import ResctrlFS
-from .sdk import DiscoveryResult, HookCallFailed, PluginRunner, ServerContext, discover_plugins
+from .sdk import DiscoveryResult, HookCallFailed, PluginRunner, ServerContext, discover_plugins, settings_specs
 from .server import (
     DEFAULT_DEREGISTER_GRACE,
     DEFAULT_ENDPOINT,
@@ -191,6 +194,24 @@ _resctrl_root_option = click.option(
     "scopes is also set as the units' properties, so that systemd keeps it: the D-Bus address to "
     "reach systemd at.  [default: the system bus]",
 )
+@click.option(
+    "--nri-socket",
+    default="",
+    show_envvar=True,
+    help="Serve the plugins as an NRI plugin of the runtime at this socket (containerd 1.7+ with NRI enabled; "
+    "docs/nri.md). A proxy registration is then written only when --hook-config-dir is given too.  [default: off]",
+)
+@click.option(
+    "--nri-plugin-name", default=DEFAULT_PLUGIN_NAME, show_default=True, show_envvar=True, help="Our NRI plugin name."
+)
+@click.option(
+    "--nri-plugin-index",
+    type=click.IntRange(0, 99),
+    default=DEFAULT_PLUGIN_INDEX,
+    show_default=True,
+    show_envvar=True,
+    help="Our place among the runtime's NRI plugins (called in ascending order).",
+)
 @metrics_address_option(9317)
 @logging_options()
 def serve(
@@ -207,6 +228,9 @@ def serve(
     max_message_size: int,
     deregister_grace: float,
     systemd_bus_address: str,
+    nri_socket: str,
+    nri_plugin_name: str,
+    nri_plugin_index: int,
     metrics_address: str,
     log_level: str,
     log_format: str,
@@ -218,16 +242,18 @@ def serve(
     """
     configure_logging(log_level.lower(), log_format.lower())
     endpoint = _socket_path(endpoint)
-    if policy_file is not None and os.path.exists(policy_file):
-        try:
-            load_policy(policy_file)  # a broken file at start is a configuration error, not a warning
-        except PolicyError as exc:
-            _refuse(str(exc))
     discovery = discover_plugins()
     for failure in discovery.failures:
         log.error("plugin not loaded", entry_point=failure.name, source=failure.source, reason=failure.reason)
+    specs = settings_specs(discovery.plugins)  # the sections the policy file may have
+    if policy_file is not None and os.path.exists(policy_file):
+        try:
+            load_policy(policy_file, specs=specs)  # a broken file at start is a configuration error, not a warning
+        except PolicyError as exc:
+            _refuse(str(exc))
+    defaults = default_policy(specs)
     policy_listeners: list[Callable[[Policy], object]] = []
-    watcher = PolicyWatcher(policy_file, on_change=_fan_out(policy_listeners)) if policy_file else None
+    watcher = PolicyWatcher(policy_file, on_change=_fan_out(policy_listeners), specs=specs) if policy_file else None
     resctrl = ResctrlFS(Path(resctrl_root))
     registry = CollectorRegistry()
     cgroups = CgroupFS(cgroup_root, cgroup_driver, pod_roots=cgroup_parent_roots)
@@ -235,7 +261,7 @@ def serve(
     context = ServerContext(
         cgroups=cgroups,
         resctrl=resctrl if resctrl.available() else None,
-        policy=(lambda: watcher.current) if watcher is not None else (lambda: DEFAULT_POLICY),
+        policy=(lambda: watcher.current) if watcher is not None else (lambda: defaults),
         settings={
             "endpoint": endpoint,
             "hook_config_dir": hook_config_dir,
@@ -254,6 +280,11 @@ def serve(
         )
     except ValueError as exc:
         _refuse(str(exc))
+    nri = NriSettings(os.path.abspath(nri_socket), nri_plugin_name, nri_plugin_index) if nri_socket else None
+    if nri is not None and click.get_current_context().get_parameter_source("hook_config_dir") is (
+        click.core.ParameterSource.DEFAULT
+    ):
+        hook_config_dir = ""  # NRI mode alone: no registration for a proxy
     settings = ServerSettings(
         endpoint=endpoint,
         hook_config_dir=hook_config_dir or None,
@@ -261,7 +292,7 @@ def serve(
         max_message_size=max_message_size,
     )
     serving = _Serving(
-        runner, settings, watcher, policy_listeners, registry, metrics_address, runtime_endpoint, systemd
+        runner, settings, watcher, policy_listeners, registry, metrics_address, runtime_endpoint, systemd, nri
     )
     try:
         code = asyncio.run(_serve(serving))
@@ -321,6 +352,7 @@ class _Serving:
         metrics_address: str,
         runtime_endpoint: str,
         systemd: SystemdSync | None = None,
+        nri: NriSettings | None = None,
     ) -> None:
         self.runner = runner
         self.settings = settings
@@ -330,6 +362,7 @@ class _Serving:
         self.metrics_address = metrics_address
         self.runtime_endpoint = runtime_endpoint
         self.systemd = systemd
+        self.nri = nri
 
 
 def _start_reconciler(serving: _Serving) -> Reconciler | None:
@@ -353,6 +386,8 @@ async def _serve(serving: _Serving) -> int:
     server = RuntimeHooksServer(serving.runner, serving.settings)
     try:
         await server.start()  # takes the socket's lock first: a second instance stops here
+        # registered, configured and synchronized, or refused with the reason (hooks/nri/)
+        nri = await start_nri(serving.runner, serving.nri, serving.registry) if serving.nri else None
         metrics_address = serving.metrics_address
         metrics_server = start_metrics_server(metrics_address, serving.registry) if metrics_address else None
     except BaseException:
@@ -374,6 +409,8 @@ async def _serve(serving: _Serving) -> int:
     notify("STOPPING=1")
     if reconciler is not None:
         await reconciler.stop()  # before the plugins' on_stop: no round may run on stopped plugins
+    if nri is not None:
+        await nri.stop()
     await server.stop()
     if systemd is not None and serving.systemd is not None:  # after the server: its last writes still go out
         with contextlib.suppress(TimeoutError):
@@ -403,13 +440,18 @@ def plugins(enable: tuple[str, ...], disable: tuple[str, ...], as_json: bool) ->
     enabled, problem = _enabled(discovery, enable, disable)
     if as_json:
         data = {
-            "plugins": [{**p.describe(), "enabled": p.name in enabled} for p in discovery.plugins],
+            "plugins": [
+                {**p.describe(), "enabled": p.name in enabled, "modes": modes_of(p.hook_points)}
+                for p in discovery.plugins
+            ],
             "failures": [{"name": f.name, "source": f.source, "reason": f.reason} for f in discovery.failures],
             "error": problem,
         }
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(_table(discovery, enabled))
+        if discovery.plugins:  # proxy mode: the HOOKS column; NRI mode: hooks/nri/modes.py
+            click.echo("\n" + "\n".join(mode_lines((p.name, p.hook_points) for p in discovery.plugins)))
         if discovery.failures:
             click.echo("\nnot loaded:")
             for failure in discovery.failures:
@@ -445,7 +487,7 @@ def _table(discovery: DiscoveryResult, enabled: set[str]) -> str:
                 "yes" if plugin.name in enabled else "no",
                 plugin.failure_policy,
                 f"{plugin.timeout:g}s",
-                plugin.policy_section or "-",
+                plugin.name if plugin.settings_spec is not None else "-",
                 ",".join(hooks) or "-",
             )
         )
@@ -508,11 +550,12 @@ def explain(
 
     from .explain import explain_manifest, render_text
 
+    discovery = discover_plugins()
+    specs = settings_specs(discovery.plugins)
     try:
-        policy = load_policy(policy_file) if policy_file else DEFAULT_POLICY
+        policy = load_policy(policy_file, specs=specs) if policy_file else default_policy(specs)
     except PolicyError as exc:
         _fail(str(exc))
-    discovery = discover_plugins()
     try:
         runner = PluginRunner(discovery.plugins, enable=enable or None, disable=disable)
     except ValueError as exc:
@@ -534,6 +577,7 @@ def explain(
     except ManifestError as exc:
         _fail(str(exc))
     explanation.notes += [f"plugin {f.name} not loaded ({f.source}): {f.reason}" for f in discovery.failures]
+    explanation.notes += mode_lines((p.name, p.hook_points) for p in runner.plugins)
     if output.lower() == "json":
         click.echo(json.dumps(explanation.to_dict(), indent=2))
     else:
@@ -555,34 +599,45 @@ def policy() -> None:
 def policy_show(policy_file: str | None) -> None:
     """Print the effective policy as YAML: the defaults with FILE laid over them.
 
-    Every key is printed, those the file leaves out with their default value. A file that
-    does not exist gives the defaults (as `serve` does until it appears), with a warning;
-    an invalid one exits 1 with the error.
+    Every key is printed, those the file leaves out with their default value: the server's
+    sections and those of every installed plugin that has settings. A file that does not
+    exist gives the defaults (as `serve` does until it appears), with a warning; an invalid
+    one exits 1 with the error.
     """
+    specs = _installed_specs()
     if policy_file is None:
-        effective, source = DEFAULT_POLICY, "the built-in defaults"
+        effective, source = default_policy(specs), "the built-in defaults"
     elif not os.path.exists(policy_file):
         click.echo(f"runtime-hooks: {policy_file} does not exist; serve would use the defaults until it does", err=True)
-        effective, source = DEFAULT_POLICY, f"the built-in defaults ({policy_file} does not exist)"
+        effective, source = default_policy(specs), f"the built-in defaults ({policy_file} does not exist)"
     else:
         try:
-            effective = load_policy(policy_file)
+            effective = load_policy(policy_file, specs=specs)
         except PolicyError as exc:
             _fail(str(exc))
         source = f"the defaults with {policy_file} laid over them"
     click.echo(f"# effective runtime-hooks policy: {source}")
-    click.echo(dump_policy(effective), nl=False)
+    click.echo(dump_policy(effective, specs), nl=False)
 
 
 @policy.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
 def policy_check(file: str) -> None:
-    """Check a policy file: "ok" and exit 0, or the error (file, YAML path, reason) and exit 1."""
+    """Check a policy file against the installed plugins' settings: "ok" and exit 0, or the
+    error (file, YAML path, reason) and exit 1."""
     try:
-        load_policy(file)
+        load_policy(file, specs=_installed_specs())
     except PolicyError as exc:
         _fail(str(exc))
     click.echo("ok")
+
+
+def _installed_specs() -> Specs:
+    """The sections the installed plugins define; plugins that fail to load are said on stderr."""
+    discovery = discover_plugins()
+    for failure in discovery.failures:
+        click.echo(f"runtime-hooks: plugin {failure.name} not loaded ({failure.source}): {failure.reason}", err=True)
+    return settings_specs(discovery.plugins)
 
 
 def main() -> None:

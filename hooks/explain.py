@@ -58,10 +58,14 @@ from .cgroups import (
     parent_path,
     shares_to_weight,
 )
+from .plugins import cpu as cpu_plugin
+from .plugins import cpuset as cpuset_plugin
+from .plugins import memory as memory_plugin
+from .plugins import network as network_plugin
 from .plugins.cpu import EXTENDED_RESOURCE_SPEC_ANNOTATION
 from .plugins.cpuset import cpuset_from_annotations
 from .podview import RESOURCE_STATUS_ANNOTATION
-from .policy import DEFAULT_POLICY, NETWORK_BANDS, Policy
+from .policy import DEFAULT_POLICY, Policy
 from .qos import QoSClass, QoSResolution
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl import (
@@ -511,9 +515,12 @@ class PluginReport:
     version: str
     order: int
     failure_policy: str
-    policy_section: str | None
+    section: str | None  # its section of the policy file (its name), None without settings
     status: str = "ran"  # ran, disabled (on_start failed, "ignore"), refuses-start (on_start failed, "fail")
     steps: list[Step] = field(default_factory=list)
+    #: Why the runner does not call it for this pod ("" when it does): a node handle it needs is
+    #: missing, or its settings switch it off for the pod's class.
+    not_called: str = ""
 
 
 @dataclass
@@ -621,9 +628,14 @@ class _Rehearsal:
         self.runners = [(plugin, PluginRunner([plugin], context=context)) for plugin in plugins]
         self.reports = {
             plugin.name: PluginReport(
-                plugin.name, plugin.version, plugin.order, plugin.failure_policy, plugin.policy_section
+                plugin.name,
+                plugin.version,
+                plugin.order,
+                plugin.failure_policy,
+                plugin.name if plugin.settings_spec is not None else None,
+                not_called=runner.skip_reason(plugin),
             )
-            for plugin in plugins
+            for plugin, runner in self.runners
         }
         self.recorder = recorder
         self.output_rules = protocol.OutputRules(tuple(cgroup_roots))
@@ -670,6 +682,7 @@ class _Rehearsal:
                     step.outcome, step.reason = exc.failure.outcome, exc.failure.reason
                     failed = failed or str(exc)
                 else:
+                    report.not_called = report.not_called or result.skipped.get(plugin.name, "")
                     if result.failures:
                         step.outcome, step.reason = result.failures[0].outcome, result.failures[0].reason
                     else:
@@ -715,8 +728,15 @@ class _Rehearsal:
             await self.run(point, *_container_infos(pod, container))
 
 
+def _entry(policy: Policy, plugin: Plugin, qos: QoSClass) -> Any:
+    """A built-in plugin's settings for ``qos`` in ``policy`` (its defaults where the policy has none)."""
+    spec = plugin.settings_spec
+    assert spec is not None
+    return policy.section(spec).for_class(qos)
+
+
 def _cpu_reasons(policy: Policy, qos: QoSClass, annotations: Mapping[str, str], pinned: bool) -> list[str]:
-    entry = getattr(policy.cpu, qos.value)
+    entry = _entry(policy, cpu_plugin.plugin, qos)
     reasons: list[str] = []
     if qos is QoSClass.BE and EXTENDED_RESOURCE_SPEC_ANNOTATION not in annotations:
         reasons.append(f"BE batch resources need the {EXTENDED_RESOURCE_SPEC_ANNOTATION} annotation, the pod has none")
@@ -732,7 +752,7 @@ def _cpu_reasons(policy: Policy, qos: QoSClass, annotations: Mapping[str, str], 
 
 
 def _memory_reasons(policy: Policy, qos: QoSClass, version: CgroupVersion | None, besteffort: bool) -> list[str]:
-    entry = getattr(policy.memory, qos.value)
+    entry = _entry(policy, memory_plugin.plugin, qos)
     reasons: list[str] = []
     if version is CgroupVersion.V1:
         if entry.v1_soft_limit == "unset":
@@ -764,7 +784,7 @@ def idle_reasons(
         pinned = policy.trust.pod_cpuset and bool(cpuset_from_annotations(annotations))
     except ValueError:
         pinned = False
-    if not getattr(policy.cpuset, qos.value).pinned:
+    if not _entry(policy, cpuset_plugin.plugin, qos).pinned:
         cpuset = f"cpuset.{qos.value}.pinned is false (shared pool)"
     elif not policy.trust.pod_cpuset:
         cpuset = "trust.pod_cpuset is false: the pod's cpuset annotation is ignored"
@@ -776,10 +796,12 @@ def idle_reasons(
         band = "the class's resctrl group already holds the container, or its tasks could not be read"
     else:
         band = "no resctrl handle: resctrl is not mounted on this node"
+    network_spec = network_plugin.plugin.settings_spec
+    assert network_spec is not None
     network = (
         'network.interface is "" (network QoS off)'
-        if not policy.network.interface
-        else f"the {NETWORK_BANDS[qos].value} band is already set up"
+        if not policy.section(network_spec).common.interface
+        else f"the {network_plugin.NETWORK_BANDS[qos].value} band is already set up"
     )
     reasons = {
         "cpu": "; ".join(_cpu_reasons(policy, qos, annotations, pinned)),
@@ -791,6 +813,13 @@ def idle_reasons(
     if version is None:
         reasons = {name: f"no cgroup hierarchy; {reason}" for name, reason in reasons.items()}
     return reasons
+
+
+def _why_idle(reports: Mapping[str, PluginReport], reasons: Mapping[str, str]) -> dict[str, str]:
+    """Per plugin, why it may do nothing: not called at all (grouped by that reason), else the
+    built-ins' reasons from policy, pod and node."""
+    why = {name: f"not called: {report.not_called}" for name, report in reports.items() if report.not_called}
+    return why | {name: reasons[name] for name in reports if name in reasons and name not in why}
 
 
 def _node(cgroups: DryRunCgroupFS, resctrl: DryRunResctrlFS | None) -> tuple[dict[str, str], list[str]]:
@@ -895,7 +924,7 @@ async def explain_plan(
         plugins=[rehearsal.reports[plugin.name] for plugin in ordered],
         calls=rehearsal.calls,
         notes=notes,
-        idle_reasons={plugin.name: reasons[plugin.name] for plugin in ordered if plugin.name in reasons},
+        idle_reasons=_why_idle(rehearsal.reports, reasons),
     )
 
 
@@ -979,7 +1008,7 @@ def render_text(explanation: Explanation) -> str:
         lines += [
             "",
             f"plugin {report.name} {report.version} (order {report.order}, failure policy {report.failure_policy}, "
-            f"policy section {report.policy_section or '-'})",
+            f"policy section {report.section or '-'})",
         ]
         if report.status == "disabled":
             lines.append("  on_start failed: the server runs without this plugin")

@@ -55,8 +55,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
-import grpc
-import grpc.aio
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -70,7 +68,9 @@ from runtimeproxy.dispatch.store import (
     describe_error,
     sandbox_from_list_item,
 )
+from runtimeproxy.h2client import status_of
 from runtimeproxy.metrics import DURATION_BUCKETS
+from runtimeproxy.relay.grpc_wire import StatusCode
 
 from .policy import Policy
 from .sdk import ContainerInfo, PluginFailure, PluginRunner, PodInfo, resources_from_proto
@@ -94,7 +94,7 @@ DEFAULT_RUNTIME_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
 # Containers that have a cgroup: created (runc made it) or running. Exited ones are left alone.
 _LIVE_CONTAINER_STATES: Final = frozenset({pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING})
 # Status errors meaning "the runtime is not answering": the round fails rather than settling for list data.
-_DOWN: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+_DOWN: Final = frozenset({StatusCode.UNAVAILABLE, StatusCode.CANCELLED})
 
 _T = TypeVar("_T")
 
@@ -153,7 +153,7 @@ async def list_live_pods(loader: RuntimeLoader) -> LivePods:
     Each object is rebuilt by ``loader`` from its verbose status (its create-time config,
     current resources laid over); one the runtime cannot describe is taken from its list
     item (partial), one removed meanwhile is skipped, one that cannot be decoded is skipped
-    (the loader logs it once). Raises grpc.aio.AioRpcError when the runtime cannot be
+    (the loader logs it once). Raises RpcError when the runtime cannot be
     listed or stops answering.
     """
     ready = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=pb.SANDBOX_READY)))
@@ -196,8 +196,8 @@ async def _load_sandbox(loader: RuntimeLoader, item: pb.PodSandbox) -> SandboxEn
         return await loader.load_sandbox(item.id)  # None: removed since it was listed
     except UnreadableObjectError as exc:  # reported by the loader
         return exc
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() in _DOWN:
+    except Exception as exc:
+        if status_of(exc) in _DOWN | {None}:  # runtime down, or no call's status at all
             raise
         log.warning("sandbox status failed; using list data only", id=item.id, error=describe_error(exc))
         return sandbox_from_list_item(item)
@@ -208,8 +208,8 @@ async def _load_container(loader: RuntimeLoader, item: pb.Container) -> Containe
         entry = await loader.load_container(item.id)
     except UnreadableObjectError as exc:  # reported by the loader
         return exc
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() in _DOWN:
+    except Exception as exc:
+        if status_of(exc) in _DOWN | {None}:  # runtime down, or no call's status at all
             raise
         log.warning("container status failed; using list data only", id=item.id, error=describe_error(exc))
         return container_from_list_item(item)

@@ -13,6 +13,21 @@ A plugin is a :class:`Plugin` object and plain functions registered on it::
             response.resources.cpu_quota = 50000
             response.env.set("QOS_CLASS", "BE")
 
+A plugin with settings of its own and state (see ``Plugin`` and hooks/settings.py)::
+
+    @dataclass(frozen=True)
+    class StampSettings:
+        value: str = "none"
+
+    plugin = Plugin("stamp", settings=StampSettings, state=dict)
+
+    @plugin.on(HookPoint.PRE_CREATE_CONTAINER)
+    async def stamp(*, settings: StampSettings, state: dict, response: HookResponse, **kwargs: Any) -> None:
+        state["calls"] = state.get("calls", 0) + 1
+        response.env.set("STAMP", settings.value)
+
+with ``stamp: {BE: {value: be-stamp}, LS: {value: ls-stamp}}`` in the policy file.
+
 It is installed as an entry point of group ``runtimeproxy.hooks`` naming the object
 (``cpu = mypackage.cpu:plugin``) or a module with a ``plugin`` attribute; see
 :func:`discover_plugins`.
@@ -28,6 +43,13 @@ later versions never break it. That is also the one way to say whether a handler
 ``async def`` handler runs on the server's event loop (quick, non-blocking work; cancelled past
 its timeout), a plain ``def`` one in a worker thread (it may block; past its timeout its thread
 runs on, detached).
+
+**Settings and state.** A plugin declares the settings of one QoS class as a frozen dataclass
+(``Plugin("stamp", settings=StampSettings, state=dict)``); its section of the policy file,
+keyed by its name with one entry per class, is checked against it (hooks/settings.py), and
+each handler gets the entry for the pod's class as ``settings``. ``state`` is made once per
+server by the factory and passed to every handler of the plugin. A plugin switched off for a
+class (``enabled: false``) or lacking a node handle it ``needs`` is not called.
 
 **Each handler writes its own** :class:`HookResponse`. It is merged into the call's
 response only when the handler returns normally within its plugin's timeout and its changes
@@ -63,6 +85,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from runtimeproxy import trace
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
 from runtimeproxy.dispatch import limits
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint, parse_hook_point
@@ -72,6 +95,7 @@ from . import policy as policy_mod
 from .overwrites import ENV_KIND, FieldOwners, Overwrite
 from .podview import plugin_view
 from .qos import QoSClass, QoSResolution, resolve_qos
+from .settings import Invalid, SectionCheck, SectionSettings, SettingsSpec, join
 
 if TYPE_CHECKING:
     from .cgroups import CgroupFS
@@ -81,6 +105,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "HANDLER_KWARGS",
     "LIFECYCLE_KWARGS",
+    "NODE_HANDLES",
     "RECONCILE_KWARGS",
     "ContainerInfo",
     "DiscoveryResult",
@@ -111,6 +136,7 @@ __all__ = [
     "qos_of",
     "resources_from_proto",
     "resources_to_proto",
+    "settings_specs",
 ]
 
 log = structlog.get_logger("runtimeproxy.hooks.sdk")
@@ -125,13 +151,16 @@ ENTRY_POINT_GROUP: Final = "runtimeproxy.hooks"
 #: * ``container``: ContainerInfo, or None in pod hooks.
 #: * ``qos``: the pod's QoSClass (hooks/qos.py resolve_qos, once per call);
 #:   ``qos_resolution``: the QoSResolution behind it (which rule decided, and why).
-#: * ``policy``: this plugin's policy for the pod's class from the policy in force (e.g.
-#:   CPUClassPolicy for plugin "cpu"), or None when the plugin reads no policy section;
-#:   ``policy_section``: the whole section (class entries and section-wide settings), or None.
+#: * ``settings``: this plugin's settings for the pod's class (an instance of its ``settings=``
+#:   dataclass, from the policy in force), or None when the plugin declares none;
+#:   ``section``: its section-wide settings (its ``section=`` dataclass), or None;
+#:   ``settings_for(qos)``: its settings for any class.
+#: * ``state``: the one object the plugin's ``state=`` factory made for this runner (None without
+#:   one), the same in every handler of the plugin: hook, on_start/on_stop and reconcile.
 #: * ``response``: a fresh HookResponse for this handler's changes.
 #: * ``cgroups``: the node's CgroupFS (hooks/cgroups.py); None only for a runner built
-#:   without one (tests).
-#: * ``resctrl``: ResctrlFS when resctrl is mounted, else None.
+#:   without one (tests): a plugin that ``needs=("cgroups",)`` is then not called.
+#: * ``resctrl``: ResctrlFS when resctrl is mounted, else None (``needs=("resctrl",)``: not called).
 #: * ``log``: a structlog logger bound with plugin, hook, pod (and container).
 #: * ``plugin``: the Plugin itself.
 #: * ``dry_run``: True when the call is a rehearsal (``runtime-hooks explain``): ``cgroups`` and
@@ -143,8 +172,10 @@ HANDLER_KWARGS: Final = (
     "container",
     "qos",
     "qos_resolution",
-    "policy",
-    "policy_section",
+    "settings",
+    "section",
+    "settings_for",
+    "state",
     "response",
     "cgroups",
     "resctrl",
@@ -152,8 +183,19 @@ HANDLER_KWARGS: Final = (
     "plugin",
     "dry_run",
 )
-#: What on_start and on_stop handlers get: ``server`` (ServerContext) and the node handles.
-LIFECYCLE_KWARGS: Final = ("server", "plugin", "cgroups", "resctrl", "policy_section", "policy_for", "log", "dry_run")
+#: What on_start and on_stop handlers get: ``server`` (ServerContext), the node handles,
+#: ``section``, ``settings_for(qos)`` and ``state``.
+LIFECYCLE_KWARGS: Final = (
+    "server",
+    "plugin",
+    "cgroups",
+    "resctrl",
+    "section",
+    "settings_for",
+    "state",
+    "log",
+    "dry_run",
+)
 #: What reconcile handlers get (whatever else the caller passes comes too):
 #:
 #: * ``pods``: the live pods (PodInfo, ``sandbox_id`` set), in no particular order.
@@ -162,7 +204,7 @@ LIFECYCLE_KWARGS: Final = ("server", "plugin", "cgroups", "resctrl", "policy_sec
 #: * ``gone``: the pods (PodInfo) that were live at the previous round and are not any more;
 #:   ``gone_containers``: likewise for containers, by sandbox id (those of gone pods
 #:   included). Empty at the first round: the authoritative list is always ``pods``.
-#: * the node handles, ``policy_section``, ``policy_for(qos)``, ``log``, ``plugin``, ``dry_run``.
+#: * the node handles, ``section``, ``settings_for(qos)``, ``state``, ``log``, ``plugin``, ``dry_run``.
 #:
 #: A reconcile handler returns how many values it found drifted and set back (an int >= 0;
 #: None counts as 0): see PluginRunner.reconcile_report.
@@ -174,11 +216,14 @@ RECONCILE_KWARGS: Final = (
     "plugin",
     "cgroups",
     "resctrl",
-    "policy_section",
-    "policy_for",
+    "section",
+    "settings_for",
+    "state",
     "log",
     "dry_run",
 )
+#: The node handles a plugin may say it ``needs``.
+NODE_HANDLES: Final = ("cgroups", "resctrl")
 
 FailurePolicy = Literal["ignore", "fail"]
 Outcome = Literal["ok", "error", "timeout", "invalid", "busy"]
@@ -602,17 +647,65 @@ def _hook_point(value: HookPoint | str) -> HookPoint:
         raise PluginDefinitionError(str(exc)) from None
 
 
-class Plugin:
-    """A runtime-hooks plugin: a name, settings, and the handlers registered on it.
+def _needs(name: str, needs: Iterable[str]) -> tuple[str, ...]:
+    given = (needs,) if isinstance(needs, str) else tuple(needs)
+    unknown = [item for item in given if item not in NODE_HANDLES]
+    if unknown:
+        raise PluginDefinitionError(
+            f"plugin {name}: needs {', '.join(map(repr, unknown))}: the node handles are {', '.join(NODE_HANDLES)}"
+        )
+    return tuple(dict.fromkeys(given))
 
-    * ``name``: unique among the server's plugins; letters, digits, ``_ . -``.
+
+def _settings_spec(
+    name: str,
+    settings: type[Any] | None,
+    section: type[Any] | None,
+    class_entry: Mapping[str, str] | None,
+    defaults: Mapping[str, Any] | None,
+    check: SectionCheck | None,
+) -> SettingsSpec | None:
+    """The plugin's SettingsSpec (None: it has no settings); PluginDefinitionError saying what is wrong."""
+    if settings is None and section is None:
+        if defaults or class_entry or check:
+            raise PluginDefinitionError(f"plugin {name}: defaults, class_entry and check need settings= or section=")
+        return None
+    if name in policy_mod.SERVER_SECTIONS:
+        raise PluginDefinitionError(f"plugin {name}: {name!r} is a server section of the policy; rename the plugin")
+    try:
+        return SettingsSpec(
+            name, settings=settings, section=section, class_entry=class_entry, defaults=defaults, check=check
+        )
+    except TypeError as exc:
+        raise PluginDefinitionError(f"plugin {name}: {exc}") from None
+    except Invalid as exc:
+        where = join(name, exc.path)
+        raise PluginDefinitionError(f"plugin {name}: its defaults: {where}: {exc.reason}") from None
+
+
+class Plugin:
+    """A runtime-hooks plugin: a name, settings, state, and the handlers registered on it.
+
+    * ``name``: unique among the server's plugins; letters, digits, ``_ . -``. It is also the
+      name of the plugin's section in the policy file.
     * ``order``: plugins run in (order, name) order, lower first.
     * ``failure_policy``: ``"ignore"`` (a failing handler is logged and skipped) or
       ``"fail"`` (it fails the hook call); see the module doc.
     * ``timeout``: seconds each handler call may take.
-    * ``policy_section``: the section of the policy file the plugin reads (``policy`` /
-      ``policy_section`` arguments); default: the plugin's name if the policy has such a
-      section, else none.
+    * ``settings``: a frozen dataclass holding the settings of ONE QoS class; the plugin's
+      section of the policy file has one entry per class, checked against it (hooks/settings.py)
+      and laid over its defaults. Handlers get the entry for the pod's class as ``settings``.
+      **A settings dataclass with a bool field ``enabled`` switches the plugin off per class**:
+      for a pod whose class's entry says ``enabled: false`` the plugin is not called at all.
+    * ``section``: a frozen dataclass of the section-wide keys (handlers get it as ``section``).
+    * ``class_entry``: classes that use another class's entry (``{"LSE": "LS", "LSR": "LS"}``).
+    * ``defaults``: the section's defaults, shaped as in a policy file (per-class values over
+      the dataclasses' own defaults).
+    * ``check``: a check across the whole section, yielding (path in the section, reason).
+    * ``state``: a factory (``dict``, a class, ...) called once per runner; what it makes is
+      passed as ``state`` to every handler of the plugin. Plugins keep no module globals.
+    * ``needs``: node handles the plugin cannot work without (``"cgroups"``, ``"resctrl"``);
+      where the node lacks one the plugin is not called at all, so handlers need no None check.
 
     How a handler runs follows from how it is written: an ``async def`` handler runs on the
     server's event loop (it must not block; past its timeout it is cancelled), a plain
@@ -629,7 +722,13 @@ class Plugin:
         failure_policy: FailurePolicy | str = "ignore",
         timeout: float = 1.0,
         description: str = "",
-        policy_section: str | None = None,
+        settings: type[Any] | None = None,
+        section: type[Any] | None = None,
+        class_entry: Mapping[str, str] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        check: SectionCheck | None = None,
+        state: Callable[[], Any] | None = None,
+        needs: Iterable[str] = (),
     ) -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise PluginDefinitionError(
@@ -644,20 +743,17 @@ class Plugin:
             or not 0 < timeout <= 120
         ):
             raise PluginDefinitionError(f"plugin {name}: timeout must be > 0 and <= 120 seconds, got {timeout!r}")
-        section = policy_section
-        if section is None and name in policy_mod.PLUGINS:
-            section = name
-        if section is not None and section not in policy_mod.PLUGINS:
-            raise PluginDefinitionError(
-                f"plugin {name}: no policy section {section!r} (sections: {', '.join(policy_mod.PLUGINS)})"
-            )
+        if state is not None and not callable(state):
+            raise PluginDefinitionError(f"plugin {name}: state must be a factory (a class or function), got {state!r}")
         self.name = name
         self.version = str(version)
         self.order = order
         self.failure_policy: FailurePolicy = _failure_policy(failure_policy)
         self.timeout = float(timeout)
         self.description = description
-        self.policy_section = section
+        self.needs: tuple[str, ...] = _needs(name, needs)
+        self.state_factory = state
+        self.settings_spec: SettingsSpec | None = _settings_spec(name, settings, section, class_entry, defaults, check)
         self._handlers: dict[HookPoint, Handler] = {}
         self.start_handler: Handler | None = None
         self.stop_handler: Handler | None = None
@@ -742,7 +838,8 @@ class Plugin:
             "order": self.order,
             "failure_policy": self.failure_policy,
             "timeout": self.timeout,
-            "policy_section": self.policy_section,
+            "settings": list(self.settings_spec.keys()) if self.settings_spec is not None else [],
+            "needs": list(self.needs),
             "hooks": [point.value for point in self.hook_points_ordered],
             "reconcile": self.reconcile_handler is not None,
             "description": self.description,
@@ -850,6 +947,11 @@ def discover_plugins(
     return DiscoveryResult(tuple(plugins), tuple(failures))
 
 
+def settings_specs(plugins: Iterable[Plugin]) -> dict[str, SettingsSpec]:
+    """The policy sections ``plugins`` define (what a policy file is read against), by name."""
+    return {plugin.name: plugin.settings_spec for plugin in plugins if plugin.settings_spec is not None}
+
+
 # --- running ------------------------------------------------------------------------------------
 
 
@@ -897,11 +999,14 @@ class PluginFailure:
 
 @dataclass
 class RunResult:
-    """A hook call's merged response, the plugins whose changes it holds, and the ignored failures."""
+    """A hook call's merged response, the plugins whose changes it holds, the ignored failures
+    and the plugins not called."""
 
     response: HookResponse
     applied: list[str] = field(default_factory=list)
     failures: list[PluginFailure] = field(default_factory=list)
+    #: Plugins not called for this pod, and why (PluginRunner.skip_reason).
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -986,7 +1091,59 @@ class PluginRunner:
         self._lock = threading.Lock()
         self._orphans: set[asyncio.Future[Any]] = set()
         self._odd_returns: set[str] = set()  # plugins warned about their reconcile return value
-        self._set_enabled([available[name] for name in wanted - disabled])
+        self._states: dict[str, Any] = {}  # per plugin: what its state factory made, once
+        self._state_failures: list[PluginFailure] = []
+        enabled = [available[name] for name in wanted - disabled]
+        self._set_enabled(plugin for plugin in enabled if self._make_state(plugin))
+
+    def _make_state(self, plugin: Plugin) -> bool:
+        """Call the plugin's state factory (once, for this runner); False (logged, kept for
+        ``start``) when it raised: the plugin cannot run without its state."""
+        if plugin.state_factory is None:
+            self._states[plugin.name] = None
+            return True
+        try:
+            self._states[plugin.name] = plugin.state_factory()
+        except Exception as exc:  # a plugin's factory may do anything; it must not stop the others
+            failure = PluginFailure(
+                plugin.name, _Stage.START.value, "error", f"state factory: {_reason(exc)}", plugin.failure_policy
+            )
+            self._log_failure(failure, {"hook": _Stage.START.value})
+            self._state_failures.append(failure)
+            return False
+        return True
+
+    def state_of(self, name: str) -> Any:
+        """The state object of plugin ``name`` in this runner (None: it has none). KeyError if unknown."""
+        return self._states[name]
+
+    def skip_reason(self, plugin: Plugin, qos: QoSClass | None = None) -> str:
+        """Why ``plugin`` is not called ("" when it is): a node handle it needs is missing, or (for a
+        pod of class ``qos``) its settings entry for the class says ``enabled: false``."""
+        missing = [handle for handle in plugin.needs if getattr(self.context, handle) is None]
+        if missing:
+            return f"needs {' and '.join(missing)}, which this node lacks"
+        spec = plugin.settings_spec
+        if qos is None or spec is None or spec.settings is None:
+            return ""
+        entry = self.context.policy().section(spec).for_class(qos)
+        if getattr(entry, "enabled", True) is False:
+            return f"{plugin.name}.{spec.class_entry[QoSClass(qos)]}.enabled is false"
+        return ""
+
+    def _settings_kwargs(self, plugin: Plugin, policy: policy_mod.Policy) -> dict[str, Any]:
+        """``section``, ``settings_for`` and ``state`` for the plugin's handlers, from ``policy``."""
+        spec = plugin.settings_spec
+        section: SectionSettings | None = policy.section(spec) if spec is not None else None
+
+        def settings_for(qos: QoSClass | str) -> Any:
+            return section.for_class(qos) if section is not None else None
+
+        return {
+            "section": section.common if section is not None else None,
+            "settings_for": settings_for,
+            "state": self._states.get(plugin.name),
+        }
 
     def _set_enabled(self, plugins: Iterable[Plugin]) -> None:
         self.plugins: tuple[Plugin, ...] = tuple(sorted(plugins, key=lambda p: (p.order, p.name)))
@@ -1026,18 +1183,23 @@ class PluginRunner:
         pod = self._view(pod, policy, log.info, bound)
         owners = FieldOwners()
         for plugin in self._by_point[point]:
+            skip = self.skip_reason(plugin, resolution.qos_class)
+            if skip:
+                result.skipped[plugin.name] = skip
+                log.debug("plugin not called", plugin=plugin.name, reason=skip, **bound)
+                continue
             handler = plugin.handler(point)
             assert handler is not None
             response = HookResponse(point.kind)
-            section = _section(policy, plugin)
+            given = self._settings_kwargs(plugin, policy)
             kwargs: dict[str, Any] = {
                 "hook": point,
                 "pod": pod,
                 "container": container,
                 "qos": resolution.qos_class,
                 "qos_resolution": resolution,
-                "policy": _class_policy(policy, plugin, resolution.qos_class),
-                "policy_section": section,
+                "settings": given["settings_for"](resolution.qos_class),
+                **given,
                 "response": response,
                 "cgroups": self.context.cgroups,
                 "resctrl": self.context.resctrl,
@@ -1065,7 +1227,11 @@ class PluginRunner:
     async def start(self) -> list[PluginFailure]:
         """Call the on_start handlers. A failing "ignore" plugin is disabled (returned in the
         list); a failing "fail" plugin raises HookCallFailed: the server must not start without it."""
-        failures = []
+        failures: list[PluginFailure] = []
+        for refused in self._state_failures:
+            if refused.failure_policy == "fail":
+                raise HookCallFailed(refused)
+            failures.append(refused)
         for plugin in list(self.plugins):
             failure = await self._lifecycle(plugin, _Stage.START)
             if failure is None:
@@ -1114,9 +1280,10 @@ class PluginRunner:
         }
         for plugin in self.plugins:
             handler = plugin.reconcile_handler
-            if handler is None:
+            if handler is None or self.skip_reason(plugin):
                 continue
             kwargs = {**extra, **self._node_kwargs(plugin, _Stage.RECONCILE), **given}
+            kwargs["pods"] = self._called_for(plugin, viewed)
             outcome, reason, value = await self._call(plugin, handler, _Stage.RECONCILE.value, kwargs)
             if outcome != "ok":
                 failure = PluginFailure(plugin.name, _Stage.RECONCILE.value, outcome, reason, plugin.failure_policy)
@@ -1133,13 +1300,20 @@ class PluginRunner:
             say("withheld from the plugins", reason=reason, **bound)
         return view
 
+    def _called_for(self, plugin: Plugin, pods: tuple[PodInfo, ...]) -> tuple[PodInfo, ...]:
+        """The pods whose class does not switch ``plugin`` off (``enabled: false``)."""
+        spec = plugin.settings_spec
+        if spec is None or not spec.switchable:
+            return pods
+        return tuple(pod for pod in pods if not self.skip_reason(plugin, qos_of(pod).qos_class))
+
     def close(self) -> None:
         """Run no more sync handlers. Their threads are daemon threads: a hung one never delays exit."""
         self._closed = True
 
     async def _lifecycle(self, plugin: Plugin, stage: _Stage) -> PluginFailure | None:
         handler = plugin.start_handler if stage is _Stage.START else plugin.stop_handler
-        if handler is None:
+        if handler is None or self.skip_reason(plugin):
             return None
         kwargs = {**self._node_kwargs(plugin, stage), "server": self.context}
         outcome, reason, _ = await self._call(plugin, handler, stage.value, kwargs)
@@ -1150,17 +1324,11 @@ class PluginRunner:
         return failure
 
     def _node_kwargs(self, plugin: Plugin, stage: _Stage) -> dict[str, Any]:
-        policy = self.context.policy()
-
-        def policy_for(qos: QoSClass | str) -> policy_mod.ClassPolicy | None:
-            return _class_policy(self.context.policy(), plugin, QoSClass(qos))
-
         return {
+            **self._settings_kwargs(plugin, self.context.policy()),
             "plugin": plugin,
             "cgroups": self.context.cgroups,
             "resctrl": self.context.resctrl,
-            "policy_section": _section(policy, plugin),
-            "policy_for": policy_for,
             "log": _plugin_log.bind(plugin=plugin.name, hook=stage.value),
             "dry_run": self.context.dry_run,
         }
@@ -1173,6 +1341,10 @@ class PluginRunner:
         else:
             called = await self._call_sync(plugin, handler, kwargs)
         self.metrics.record(plugin.name, hook, called[0], time.perf_counter() - started)
+        if trace.ON:  # bench/pod_timeline.py: each plugin's part of a hook call
+            trace.event(
+                "hooks.plugin", plugin=plugin.name, hook=hook, outcome=called[0], seconds=time.perf_counter() - started
+            )
         return called
 
     async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> _Called:
@@ -1334,13 +1506,3 @@ def _repair_count(plugin: str, value: Any, warned: set[str]) -> int:
             returned=repr(value)[:80],
         )
     return 0
-
-
-def _section(policy: policy_mod.Policy, plugin: Plugin) -> Any:
-    return getattr(policy, plugin.policy_section) if plugin.policy_section is not None else None
-
-
-def _class_policy(policy: policy_mod.Policy, plugin: Plugin, qos: QoSClass) -> policy_mod.ClassPolicy | None:
-    if plugin.policy_section is None:
-        return None
-    return policy_mod.policy_for(policy, plugin.policy_section, qos)

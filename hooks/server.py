@@ -56,6 +56,7 @@ import grpc
 import grpc.aio
 import structlog
 
+from runtimeproxy import trace
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 from runtimeproxy.dispatch.layer import DEFAULT_POLL_INTERVAL
@@ -440,6 +441,13 @@ class RuntimeHooksServer:
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
     def _rpc(self, point: HookPoint) -> _Behaviour:
+        async def traced(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            began = trace.now()  # bench/pod_timeline.py: the hook call inside runtime-hooks
+            try:
+                return await call(request, context)
+            finally:
+                trace.event("hooks.rpc", hook=point.value, uid=request.pod_meta.uid, began=began)
+
         async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
                 if point.kind is HookKind.POD:
@@ -456,8 +464,8 @@ class RuntimeHooksServer:
                 log.exception("hook call failed", hook=point.value)
                 await context.abort(grpc.StatusCode.INTERNAL, f"runtime-hooks: {type(exc).__name__}: {exc}")
 
-        call.__name__ = point.rpc
-        return call
+        call.__name__ = traced.__name__ = point.rpc
+        return traced if trace.ON else call
 
 
 def _unimplemented(point: HookPoint) -> _Behaviour:

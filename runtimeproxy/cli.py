@@ -13,7 +13,7 @@ import click
 import structlog
 import uvloop
 
-from runtimeproxy import __version__
+import runtimeproxy
 from runtimeproxy.cli_options import (
     logging_options,
     max_message_size_option,
@@ -26,12 +26,16 @@ from runtimeproxy.dispatch.merge import CgroupDriver
 from runtimeproxy.endpoints import EndpointError, socket_path
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
-from runtimeproxy.malloc import return_large_blocks_to_the_kernel
+from runtimeproxy.malloc import return_large_blocks_to_the_kernel, trim
 from runtimeproxy.metrics import CallMetrics, parse_address, start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 from runtimeproxy.server import ProxyServer, ProxySettings
 
 log = structlog.get_logger("runtimeproxy.cli")
+
+# Free heap pages go back to the kernel this often (and once when ready): start-up and bursts of
+# large requests leave some inside the heap, where glibc keeps them otherwise.
+TRIM_INTERVAL = 30.0
 
 
 def _endpoint_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -63,8 +67,23 @@ class LazyGroup(click.Group):
         return command
 
 
+def _show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """click's --version, with the version read only when asked for (see runtimeproxy.__getattr__)."""
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"runtime-proxy, version {runtimeproxy.__version__}")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="runtime-proxy")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_version,
+    help="Show the version and exit.",
+)
 def cli() -> None:
     """A CRI proxy for Kubernetes nodes.
 
@@ -261,7 +280,9 @@ async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_a
     watchdog.start()
     notify("READY=1\nSTATUS=relaying CRI calls")
     log.info("ready", metrics_address=metrics_server.address if metrics_server else None)
+    trimmer = loop.create_task(_trim_every(TRIM_INTERVAL))
     await stop.wait()
+    trimmer.cancel()
     notify("STOPPING=1")
     log.info("draining", grace_seconds=settings.drain_grace, calls_in_flight=server.active_calls)
     await server.shutdown()
@@ -270,6 +291,11 @@ async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_a
     if metrics_server is not None:
         metrics_server.close()
     return 0
+
+
+async def _trim_every(interval: float) -> None:
+    while trim():
+        await asyncio.sleep(interval)
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 
-from runtimeproxy.api.runtime.v1 import api_pb2_grpc
 from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "CriClient", "grpc_target", "unix_socket_path", "unix_socket_served"]
@@ -81,6 +80,10 @@ class CriClient:
         ]
         channel_options.extend(options or [])
         self.channel = grpc.insecure_channel(self.target, options=channel_options)
+        # Imported here: the proxy daemon uses this module's helpers only, and the generated
+        # stubs cost it about 2.7 MiB.
+        from runtimeproxy.api.runtime.v1 import api_pb2_grpc
+
         stubs: Any = api_pb2_grpc  # generated without type hints
         self.runtime: Any = stubs.RuntimeServiceStub(self.channel)
         self.image: Any = stubs.ImageServiceStub(self.channel)

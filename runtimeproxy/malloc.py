@@ -4,12 +4,15 @@ glibc raises its mmap threshold each time a large mmapped block is freed, up to 
 so after a few large requests later ones land on the heap, whose freed pages stay with
 the process. Fixing the threshold keeps every large buffer (a held 15 MiB request, its
 decoded copy) in its own mapping, returned to the kernel as soon as it is freed.
+
+`trim` hands back the free pages inside the heap too (malloc_trim(3)), which only the top
+of the heap otherwise returns: start-up frees a few MiB of import-time garbage there.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+from typing import Any
 
 import structlog
 
@@ -20,15 +23,33 @@ M_MMAP_THRESHOLD = -3
 LARGE_BLOCK = 256 * 1024
 
 
+def _libc_function(name: str) -> Any:
+    """``name`` (a ctypes function) from the C library the process runs on (its global symbols: no ctypes.util,
+    whose find_library runs ldconfig and imports a megabyte of modules); None if missing."""
+    try:
+        function = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        log.debug("C library function not available; memory tuning skipped", function=name)
+        return None
+    return function
+
+
 def return_large_blocks_to_the_kernel() -> bool:
     """Fix glibc's mmap and trim thresholds; False (and a debug line) on other C libraries."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        log.debug("mallopt not available; memory tuning skipped", libc=name)
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * LARGE_BLOCK))
+
+
+def trim() -> bool:
+    """Return the heap's free pages to the kernel (glibc's malloc_trim(0)); False where the C
+    library has no malloc_trim (a debug line says so)."""
+    malloc_trim = _libc_function("malloc_trim")
+    if malloc_trim is None:
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    return bool(malloc_trim(0))

@@ -100,7 +100,7 @@ class CallMetrics:
 
 
 class StoreMetrics:
-    """The hook layer's pod/container store (dispatch/store.py), in ``registry`` (default: global)."""
+    """The hook layer's pod/container store (dispatch/store/), in ``registry`` (default: global)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.unreadable = Counter(

@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -69,8 +70,9 @@ def _testbed_problems(build: ContainerdBuild | None) -> list[str]:
     return problems
 
 
-def start_testbed(series: str) -> Containerd:
-    """A started containerd test bed of `series` ("1.6", "1.7").
+def start_testbed(series: str, **options: Any) -> Containerd:
+    """A started containerd test bed of `series` ("1.6", "1.7"); `options` go to Containerd
+    (``nri=True``, say).
 
     Fails, never skips, when the machine cannot run it: a CI that lacks containerd
     or the cached 1.7 build must go red, not green. `bash .ci/system-deps.sh` installs
@@ -86,7 +88,7 @@ def start_testbed(series: str) -> Containerd:
     if problems:
         pytest.fail("cannot start the containerd test bed: " + "; ".join(problems)
                     + " (run `bash .ci/system-deps.sh` as root)", pytrace=False)
-    bed = Containerd(build=build)
+    bed = Containerd(build=build, **options)
     try:
         bed.start()
     except BaseException:

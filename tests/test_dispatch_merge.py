@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
+from runtimeproxy.dispatch import resource_fields
 from runtimeproxy.dispatch.merge import (
     CgroupDriver,
     CgroupForm,
@@ -111,14 +112,7 @@ def test_merge_env_is_idempotent(env: list[tuple[str, bytes]], changes: list[tup
 
 # --- merge_resources ---------------------------------------------------------------------------
 
-SCALARS = (
-    "cpu_period",
-    "cpu_quota",
-    "cpu_shares",
-    "memory_limit_in_bytes",
-    "oom_score_adj",
-    "memory_swap_limit_in_bytes",
-)
+SCALARS = resource_fields.INTS
 int64s = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 small_ints = st.sampled_from([0, 0, -1, 2, 1000, 100_000])
 cpusets = st.sampled_from(["", "", "0", "0-3", "1,3"])
@@ -131,8 +125,7 @@ hugepages = st.lists(
 def resources(draw: st.DrawFn, message: type = cri.LinuxContainerResources) -> object:
     res = message(
         **{name: draw(small_ints | int64s) for name in SCALARS},
-        cpuset_cpus=draw(cpusets),
-        cpuset_mems=draw(cpusets),
+        **{name: draw(cpusets) for name in resource_fields.STRINGS},
         unified=draw(st.dictionaries(st.sampled_from(["memory.high", "cpu.max", "io.weight"]), values, max_size=2)),
     )
     for page_size, limit in draw(hugepages):
@@ -146,7 +139,7 @@ def test_merge_resources_changes_only_set_fields(target: cri.LinuxContainerResou
     before = cri.LinuxContainerResources()
     before.CopyFrom(target)
     made = merge_resources(target, changes)
-    for name in (*SCALARS, "cpuset_cpus", "cpuset_mems"):
+    for name in resource_fields.SCALARS:
         expected = getattr(changes, name) or getattr(before, name)  # zero / "" leaves the field alone
         assert getattr(target, name) == expected
         assert (name in made) == (getattr(target, name) != getattr(before, name))

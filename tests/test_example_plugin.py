@@ -89,7 +89,7 @@ def envstamp_package() -> Iterator[Path]:
         done = _pip("install", "--no-deps", "--no-build-isolation", "--force-reinstall", str(source))
         assert done.returncode == 0, f"pip install failed:\n{done.stdout}\n{done.stderr}"
         installed = _installed()
-        assert installed is not None and installed.version == "1.0.0"
+        assert installed is not None and installed.version == "1.1.0"
         yield source
     finally:
         done = _pip("uninstall", "--yes", DIST)
@@ -109,11 +109,20 @@ def test_the_plugins_command_lists_envstamp(envstamp_package: Path) -> None:
     assert not [f for f in data["failures"] if f["name"] == "envstamp"], data["failures"]
     assert listing.returncode == table.returncode == (1 if data["failures"] else 0), table.stdout + table.stderr
     [plugin] = [p for p in data["plugins"] if p["name"] == "envstamp"]
-    assert plugin["version"] == "1.0.0"
+    assert plugin["version"] == "1.1.0"
     assert plugin["hooks"] == ["PreCreateContainer", "PostStartContainer"]
     assert (plugin["enabled"], plugin["failure_policy"], plugin["order"]) == (True, "ignore", 200)
     [row] = [line.split() for line in table.stdout.splitlines() if line.startswith("envstamp ")]
-    assert row == ["envstamp", "1.0.0", "200", "yes", "ignore", "0.5s", "-", "PreCreateContainer,PostStartContainer"]
+    assert row == [
+        "envstamp",
+        "1.1.0",
+        "200",
+        "yes",
+        "ignore",
+        "0.5s",
+        "envstamp",
+        "PreCreateContainer,PostStartContainer",
+    ]
 
 
 def test_the_example_test_suite_passes_against_the_installed_package(envstamp_package: Path) -> None:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from runtimeproxy.hooks.explain import (
     render_text,
 )
 from runtimeproxy.hooks.plugins import cpuset as cpuset_plugin
-from runtimeproxy.hooks.policy import DEFAULT_POLICY, CPUClassPolicy, loads_policy
+from runtimeproxy.hooks.policy import DEFAULT_POLICY
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.resctrl import ResctrlFS
 from runtimeproxy.hooks.sdk import (
@@ -37,6 +38,7 @@ from runtimeproxy.hooks.sdk import (
     Plugin,
     PodInfo,
 )
+from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 from runtimeproxy.hooks.testkit.resctrl import FakeResctrl, make_fake_resctrl
 
@@ -60,20 +62,37 @@ def snapshot(*roots: Path) -> dict[str, tuple[int, int, str]]:
 # --- plugins that touch the node through the SDK handles --------------------------------------------------
 
 
+@dataclass(frozen=True)
+class CpuTestSettings:
+    """Plain typed fields: checked by their type hints, no parser given."""
+
+    cfs_quota_enabled: bool = True
+    cfs_burst_percent: int = 0
+
+
+# Per-class defaults over the dataclass's (as the built-in cpu plugin has them).
+CPU_TEST_DEFAULTS = {
+    "LSE": {"cfs_quota_enabled": False},
+    "LSR": {"cfs_quota_enabled": False},
+    "LS": {"cfs_burst_percent": 1000},
+    "SYSTEM": {"cfs_burst_percent": 1000},
+}
+
+
 def cpu_plugin() -> Plugin:
-    """Answers per class from the cpu policy, and writes the container's cgroup once it runs."""
-    plugin = Plugin("cpu-test", order=10, policy_section="cpu")
+    """Answers per class from its settings, and writes the container's cgroup once it runs."""
+    plugin = Plugin("cpu-test", order=10, settings=CpuTestSettings, defaults=CPU_TEST_DEFAULTS)
 
     @plugin.on(HookPoint.PRE_RUN_POD_SANDBOX)
     def pre_run(*, qos: QoSClass, response: HookResponse, **kwargs: Any) -> None:
         response.annotations["cpu-test/qos"] = str(qos)
 
     @plugin.on(HookPoint.PRE_CREATE_CONTAINER)
-    def pre_create(*, qos: QoSClass, policy: CPUClassPolicy, response: HookResponse, **kwargs: Any) -> None:
+    def pre_create(*, qos: QoSClass, settings: CpuTestSettings, response: HookResponse, **kwargs: Any) -> None:
         response.env.set("QOS_CLASS", str(qos))
         if qos is QoSClass.BE:
             response.resources.cpu_shares = 2
-        if not policy.cfs_quota_enabled:
+        if not settings.cfs_quota_enabled:
             response.resources.cpu_quota = -1
 
     @plugin.on(HookPoint.POST_START_CONTAINER)
@@ -82,14 +101,14 @@ def cpu_plugin() -> Plugin:
         pod: PodInfo,
         container: ContainerInfo,
         qos: QoSClass,
-        policy: CPUClassPolicy,
+        settings: CpuTestSettings,
         cgroups: CgroupFS,
         dry_run: bool,
         **kwargs: Any,
     ) -> None:
         assert dry_run
         if cgroups.has_file("cpu", cgroups.file_name("cpu.burst"), pod.cgroup_parent, container.id):
-            cgroups.set_cpu_burst(pod.cgroup_parent, 1000 * policy.cfs_burst_percent, container_id=container.id)
+            cgroups.set_cpu_burst(pod.cgroup_parent, 1000 * settings.cfs_burst_percent, container_id=container.id)
         if cgroups.has_file("cpu", "cpu.idle", pod.cgroup_parent):
             cgroups.set_cpu_idle(pod.cgroup_parent, qos is QoSClass.BE)
 
@@ -98,7 +117,7 @@ def cpu_plugin() -> Plugin:
 
 def resctrl_plugin() -> Plugin:
     """One resctrl group per class, made at start; a started container's tasks join it."""
-    plugin = Plugin("resctrl-test", order=20, policy_section="resctrl")
+    plugin = Plugin("resctrl-test", order=20)
 
     @plugin.on_start
     def start(*, resctrl: ResctrlFS | None, **kwargs: Any) -> None:
@@ -216,7 +235,9 @@ async def test_an_ls_pod(node: tuple[FakeCgroup, FakeResctrl]) -> None:
 async def test_a_guaranteed_pod_with_two_containers_on_cgroup_v1(tmp_path: Path) -> None:
     node = (make_fake_cgroup_v1(tmp_path / "cgroup"), make_fake_resctrl(tmp_path / "resctrl"))
     before = snapshot(tmp_path)
-    e = await explain("guaranteed-pod.yaml", node, policy=loads_policy("cpu:\n  LSR: {cfs_burst_percent: 50}\n"))
+    e = await explain(
+        "guaranteed-pod.yaml", node, policy=policy_from("cpu-test:\n  LSR: {cfs_burst_percent: 50}\n", cpu_plugin())
+    )
     assert snapshot(tmp_path) == before
     assert (e.qos_class, e.qos_source, e.kubernetes_qos) == ("LSR", "kubernetes-cgroup-parent", "Guaranteed")
     assert "Kubernetes Guaranteed" in e.qos_reason and e.node["cgroup_version"] == "v1"
@@ -375,7 +396,7 @@ def test_explain_command_prints_class_and_values(
     assert result.exit_code == 0, result.output
     assert f"QoS class:      {qos}  (" in result.output
     assert f"env: QOS_CLASS={qos}" in result.output
-    assert "plugin cpu-test 0 (order 10, failure policy ignore, policy section cpu)" in result.output
+    assert "plugin cpu-test 0 (order 10, failure policy ignore, policy section cpu-test)" in result.output
     assert "cgroups: write " in result.output and "cpu.max.burst" in result.output
     assert "error: RuntimeError: no luck (its changes are discarded)" in result.output
 
@@ -393,9 +414,12 @@ def test_explain_command_errors(installed: None, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["explain", str(PODS / "bad-quantity.yaml")])
     assert result.exit_code == 1 and "runtime-hooks: " in result.output and "quantity" in result.output
     bad = tmp_path / "policy.yaml"
-    bad.write_text("cpu:\n  BE: {cfs_burst_percent: -1}\n")
+    bad.write_text("cpu-test:\n  BE: {cfs_burst_percent: high}\n")
     result = CliRunner().invoke(cli, ["explain", str(PODS / "be-pod.yaml"), "--policy", str(bad)])
-    assert result.exit_code == 1 and "cpu.BE.cfs_burst_percent" in result.output
+    assert result.exit_code == 1 and "cpu-test.BE.cfs_burst_percent: must be an integer" in result.output
+    bad.write_text("cpu: {}\n")  # the built-in cpu plugin is not installed here: no such section
+    result = CliRunner().invoke(cli, ["explain", str(PODS / "be-pod.yaml"), "--policy", str(bad)])
+    assert result.exit_code == 1 and "unknown section 'cpu'" in result.output and "cpu-test" in result.output
     result = CliRunner().invoke(cli, ["explain", str(PODS / "be-pod.yaml"), "--enable", "nope"])
     assert result.exit_code == 1 and "cannot enable nope: no such plugin" in result.output
 
@@ -405,7 +429,7 @@ def test_explain_command_uses_the_policy_file(
 ) -> None:
     tree, resctrl = node
     policy = tmp_path / "policy.yaml"
-    policy.write_text("cpu:\n  LS: {cfs_burst_percent: 7}\n")
+    policy.write_text("cpu-test:\n  LS: {cfs_burst_percent: 7}\n")
     args = ["explain", str(PODS / "ls-pod.yaml"), "--cgroup-root", str(tree.root), "--resctrl-root", str(resctrl.root)]
     result = CliRunner().invoke(cli, [*args, "--policy", str(policy), "--output", "json"])
     assert result.exit_code == 0, result.output
@@ -462,3 +486,49 @@ async def test_text_groups_idle_plugins_in_one_line_each_with_its_reason(
     assert "plugin cpu-test" in text  # a plugin that does something keeps its section
     assert explanation.idle_reasons["cpuset"] == "cpuset.BE.pinned is false (shared pool)"
     assert "idle-test" not in explanation.idle_reasons
+
+
+@dataclass(frozen=True)
+class SwitchSettings:
+    enabled: bool = True
+
+
+async def test_plugins_not_called_are_grouped_in_one_line_with_why(
+    node: tuple[FakeCgroup, FakeResctrl],
+) -> None:
+    """A plugin its settings switch off for the pod's class, and plugins needing a handle the node
+    lacks, are not called; the text says so once per reason, naming every such plugin."""
+    off = Plugin("off-test", settings=SwitchSettings, defaults={"BE": {"enabled": False}})
+    needy = [Plugin(name, needs=("resctrl",)) for name in ("needy-a", "needy-b")]
+    called: list[str] = []
+    for plugin in (off, *needy):
+
+        @plugin.on(HookPoint.PRE_CREATE_CONTAINER)
+        def handler(*, plugin: Plugin, **kwargs: Any) -> None:
+            called.append(plugin.name)
+
+    tree, _ = node
+    no_resctrl = (tree, make_fake_resctrl(tree.root.parent / "no-resctrl"))
+    no_resctrl[1].root.rename(tree.root.parent / "gone")  # resctrl not mounted: plugins get resctrl=None
+    e = await explain("be-pod.yaml", no_resctrl, plugins=[off, *needy])
+    assert called == []
+    reports = {report.name: report.not_called for report in e.plugins}
+    assert reports == {
+        "off-test": "off-test.BE.enabled is false",
+        "needy-a": "needs resctrl, which this node lacks",
+        "needy-b": "needs resctrl, which this node lacks",
+    }
+    lines = render_text(e).splitlines()
+    assert "  off-test: not called: off-test.BE.enabled is false" in lines
+    assert "  needy-a, needy-b: not called: needs resctrl, which this node lacks" in lines
+
+    ls = await explain("ls-pod.yaml", no_resctrl, plugins=[off])  # LS keeps the dataclass default
+    assert called == ["off-test"] and ls.plugins[0].not_called == ""
+
+
+async def test_env_values_show_as_strings(node: tuple[FakeCgroup, FakeResctrl]) -> None:
+    e = await explain("be-pod.yaml", node)
+    text = render_text(e)
+    assert "env: QOS_CLASS=BE" in text
+    assert "b'" not in text and 'b"' not in text
+    assert json.loads(json.dumps(e.to_dict()))["plugins"][0]["steps"][1]["response"]["env"] == {"QOS_CLASS": "BE"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -15,37 +14,67 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from runtimeproxy.hooks import policy as policy_module
+from runtimeproxy.hooks.plugins import cpu, cpuset, memory, network, resctrl
+from runtimeproxy.hooks.plugins.cpu import CPUSection, CPUSettings
+from runtimeproxy.hooks.plugins.cpuset import CPUSetSettings
+from runtimeproxy.hooks.plugins.memory import MemorySettings
+from runtimeproxy.hooks.plugins.network import NETWORK_BANDS, NetworkBandSettings, NetworkSection
+from runtimeproxy.hooks.plugins.resctrl import ResctrlSettings
 from runtimeproxy.hooks.policy import (
     DEFAULT_POLICY,
     DEFAULT_POLICY_FILE,
-    NETWORK_BANDS,
-    PLUGINS,
-    CPUClassPolicy,
-    CPUPolicy,
-    CPUSetClassPolicy,
-    CPUSetPolicy,
-    MemoryClassPolicy,
-    MemoryPolicy,
-    NetworkBandPolicy,
-    NetworkPolicy,
     Policy,
     PolicyError,
     PolicyWatcher,
     ReconcilerPolicy,
-    ResctrlClassPolicy,
-    ResctrlPolicy,
     TrustPolicy,
+    default_policy,
     dump_policy,
     load_policy,
     loads_policy,
-    policy_for,
 )
 from runtimeproxy.hooks.qos import QoSClass
+from runtimeproxy.hooks.sdk import Plugin, PluginDefinitionError, settings_specs
+from runtimeproxy.hooks.settings import SectionSettings
 from structlog.testing import capture_logs
 
 LSE, LSR, LS, BE, SYSTEM = QoSClass
 REPO = Path(__file__).resolve().parent.parent
+BUILTINS = (cpu.plugin, cpuset.plugin, resctrl.plugin, memory.plugin, network.plugin)
+SPECS = settings_specs(BUILTINS)
+DEFAULTS = default_policy(SPECS)
+
+
+def loads(text: str, file: str = "<string>", base: Policy | None = None) -> Policy:
+    """A policy read against the built-ins' settings."""
+    return loads_policy(text, file, base, SPECS)
+
+
+class _Section:
+    """A section with attribute access: entries by class name, section-wide keys by name."""
+
+    def __init__(self, section: SectionSettings) -> None:
+        self._section = section
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._section.entries:
+            return self._section.entries[name]
+        if name in QoSClass.__members__:
+            return self._section.for_class(name)
+        return getattr(self._section.common, name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Section) and other._section == self._section
+
+
+class V:
+    """``V(policy).cpu.LS``: a policy's built-in sections with attribute access, for short tests."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def __getattr__(self, name: str) -> Any:
+        return _Section(self.policy.section(SPECS[name]))
 
 
 # --- defaults ---------------------------------------------------------------------------
@@ -53,7 +82,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_cpu_defaults_are_koordinators() -> None:
-    cpu = DEFAULT_POLICY.cpu
+    cpu = V(DEFAULTS).cpu
     # pkg/util/sloconfig/nodeslo_config.go DefaultCPUQOS: GroupIdentity LSR 2, LS 2, BE -1, SYSTEM 0;
     # pkg/koordlet/runtimehooks/hooks/groupidentity/rule.go gives LSE the LSR value.
     assert [getattr(cpu, qos).group_identity for qos in QoSClass] == [2, 2, 2, -1, 0]
@@ -73,20 +102,20 @@ def test_cpu_defaults_are_koordinators() -> None:
 
 def test_cpuset_defaults_are_koordinators() -> None:
     # hooks/cpuset/cpuset.go cpusetPodQOSConditions = LSE, LSR
-    assert [qos for qos in QoSClass if policy_for(DEFAULT_POLICY, "cpuset", qos).pinned] == [LSE, LSR]
+    assert [qos for qos in QoSClass if DEFAULTS.section(SPECS["cpuset"]).for_class(qos).pinned] == [LSE, LSR]
 
 
 def test_resctrl_defaults_are_koordinators() -> None:
-    resctrl = DEFAULT_POLICY.resctrl
+    resctrl = V(DEFAULTS).resctrl
     # DefaultResctrlQOS: CATRangeStartPercent/CATRangeEndPercent/MBAPercent; LSE uses the LSR group
     # (qosmanager/plugins/resctrl/resctrl_reconcile.go getPodResctrlGroup).
-    assert resctrl.LSR == resctrl.LS == resctrl.SYSTEM == ResctrlClassPolicy((0, 100), 100)
-    assert ResctrlClassPolicy((0, 30), 100) == resctrl.BE
+    assert resctrl.LSR == resctrl.LS == resctrl.SYSTEM == ResctrlSettings((0, 100), 100)
+    assert ResctrlSettings((0, 30), 100) == resctrl.BE
     assert resctrl.LSE == resctrl.LSR
 
 
 def test_memory_defaults_are_koordinators() -> None:
-    memory = DEFAULT_POLICY.memory
+    memory = V(DEFAULTS).memory
     # DefaultMemoryQOS: MinLimitPercent 0, LowLimitPercent 0, ThrottlingPercent 0 for all classes;
     # WmarkRatio 95 / WmarkScalePermill 20 / WmarkMinAdj -25 (LSR, LS), 50 (BE); SYSTEM 0 / 50 / 0.
     for qos in QoSClass:
@@ -100,12 +129,12 @@ def test_memory_defaults_are_koordinators() -> None:
 
 
 def test_network_defaults_are_koordinators() -> None:
-    network = DEFAULT_POLICY.network
+    network = V(DEFAULTS).network
     assert (network.interface, network.link_speed_mbit) == ("", 0)  # off; Koordinator's interface is eth0
     # hooks/tc/tc_linux.go: *_CLASS_RATE_PERCENTAGE 40/30/30, CEIL_PERCENTAGE 100, *_CLASS_PRIO 1/2/3.
-    assert NetworkBandPolicy(40, 100, 1) == network.SYSTEM
-    assert NetworkBandPolicy(30, 100, 2) == network.LS
-    assert NetworkBandPolicy(30, 100, 3) == network.BE
+    assert NetworkBandSettings(40, 100, 1) == network.SYSTEM
+    assert NetworkBandSettings(30, 100, 2) == network.LS
+    assert NetworkBandSettings(30, 100, 3) == network.BE
     # hooks/tc/netqos_tc.go GetPodNetQoSClassByName: LSE, LSR, LS -> ls_class.
     assert dict(NETWORK_BANDS) == {LSE: LS, LSR: LS, LS: LS, BE: BE, SYSTEM: SYSTEM}
 
@@ -118,22 +147,21 @@ def test_reconciler_default_is_koordinators() -> None:
 def test_the_shipped_file_is_the_whole_default_policy() -> None:
     """The YAML in the package sets every key (it is the defaults' only source) and nothing else."""
     text = (resources.files("runtimeproxy.hooks.data") / DEFAULT_POLICY_FILE).read_text(encoding="utf-8")
-    assert yaml.safe_load(text) == yaml.safe_load(dump_policy(DEFAULT_POLICY))
+    assert yaml.safe_load(text) == yaml.safe_load(dump_policy(DEFAULTS))
     assert text == (REPO / "hooks" / "data" / DEFAULT_POLICY_FILE).read_text(encoding="utf-8")
 
 
 def test_the_defaults_file_may_not_leave_keys_out() -> None:
-    with pytest.raises(PolicyError) as caught:
-        policy_module._parse("cpu: {}", "defaults.yaml", None)
-    assert (caught.value.file, caught.value.path) == ("defaults.yaml", "cpu.be_quota_source")
-    assert "missing" in caught.value.reason
+    """A built-in's settings have no defaults of their own: the file must set every key."""
+    with pytest.raises(PluginDefinitionError, match=r"plugin cpu: its defaults: cpu.be_quota_source: missing"):
+        Plugin("cpu", settings=CPUSettings, section=CPUSection, defaults={})
 
 
 # --- overlay ----------------------------------------------------------------------------
 
 
 def test_a_partial_file_keeps_every_other_default() -> None:
-    policy = loads_policy(
+    policy = loads(
         """
         resctrl:
           BE: {l3_percent_range: [0, 20]}
@@ -143,39 +171,35 @@ def test_a_partial_file_keeps_every_other_default() -> None:
           LS: {cfs_burst_percent: 500}
         """
     )
-    assert ResctrlClassPolicy((0, 20), 100) == policy.resctrl.BE  # mb_percent kept
-    assert policy.network.interface == "eth0"
-    assert dataclasses.replace(DEFAULT_POLICY.cpu.LS, cfs_burst_percent=500) == policy.cpu.LS
-    expected = dataclasses.replace(
-        DEFAULT_POLICY,
-        resctrl=dataclasses.replace(DEFAULT_POLICY.resctrl, BE=ResctrlClassPolicy((0, 20), 100)),
-        network=dataclasses.replace(DEFAULT_POLICY.network, interface="eth0"),
-        cpu=dataclasses.replace(DEFAULT_POLICY.cpu, LS=policy.cpu.LS),
-    )
-    assert policy == expected
+    assert ResctrlSettings((0, 20), 100) == V(policy).resctrl.BE  # mb_percent kept
+    assert V(policy).network.interface == "eth0"
+    assert dataclasses.replace(V(DEFAULTS).cpu.LS, cfs_burst_percent=500) == V(policy).cpu.LS
+    changed = {name for name in SPECS if policy.section(SPECS[name]) != DEFAULTS.section(SPECS[name])}
+    assert changed == {"resctrl", "network", "cpu"}
+    assert (policy.reconciler, policy.trust) == (DEFAULTS.reconciler, DEFAULTS.trust)
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "{}", "cpu:\n", "cpu: {LS: }\n", "cpu: {}\nmemory: {}\n"])
 def test_empty_files_and_sections_are_the_defaults(text: str) -> None:
-    assert loads_policy(text) == DEFAULT_POLICY
+    assert loads(text) == DEFAULTS
 
 
 def test_overlay_on_another_base() -> None:
-    base = loads_policy("reconciler: {interval_seconds: 3}\nresctrl: {BE: {mb_percent: 50}}")
-    policy = loads_policy("resctrl: {BE: {l3_percent_range: [10, 40]}}", base=base)
+    base = loads("reconciler: {interval_seconds: 3}\nresctrl: {BE: {mb_percent: 50}}")
+    policy = loads("resctrl: {BE: {l3_percent_range: [10, 40]}}", base=base)
     assert policy.reconciler.interval_seconds == 3.0
-    assert ResctrlClassPolicy((10, 40), 50) == policy.resctrl.BE
+    assert ResctrlSettings((10, 40), 50) == V(policy).resctrl.BE
 
 
 def test_load_policy_reads_a_file(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     path.write_text("cpuset: {LS: {pinned: true}}\n")
-    assert CPUSetClassPolicy(True) == load_policy(path).cpuset.LS
-    assert load_policy(str(path)) == load_policy(path)
+    assert CPUSetSettings(True) == V(load_policy(path, specs=SPECS)).cpuset.LS
+    assert load_policy(str(path), specs=SPECS) == load_policy(path, specs=SPECS)
 
 
 def test_yaml_anchors_and_merge_keys_work() -> None:
-    policy = loads_policy(
+    policy = loads(
         """
         memory:
           LS: &tuned {min_percent: 10, low_percent: 20}
@@ -183,8 +207,8 @@ def test_yaml_anchors_and_merge_keys_work() -> None:
           BE: {<<: *tuned, low_percent: 0}
         """
     )
-    assert policy.memory.LS.min_percent == policy.memory.LSR.min_percent == policy.memory.BE.min_percent == 10
-    assert (policy.memory.LS.low_percent, policy.memory.BE.low_percent) == (20, 0)
+    assert V(policy).memory.LS.min_percent == V(policy).memory.LSR.min_percent == V(policy).memory.BE.min_percent == 10
+    assert (V(policy).memory.LS.low_percent, V(policy).memory.BE.low_percent) == (20, 0)
 
 
 # --- validation -------------------------------------------------------------------------
@@ -226,18 +250,18 @@ ERRORS = [
     ("network: {interface: 'a b'}", "network.interface", "not a valid interface name"),
     ("network: {interface: 7}", "network.interface", "got 7"),
     ("network: {link_speed_mbit: -1}", "network.link_speed_mbit", "of at least 0"),
-    ("network: {LSR: {rate_percent: 10}}", "network.LSR", "LSE, LSR and LS pods share the LS band"),
+    ("network: {LSR: {rate_percent: 10}}", "network.LSR", "LSR has no entry of its own: LSE, LSR, LS pods share LS's"),
     ("network: {BE: {rate_percent: 0}}", "network.BE.rate_percent", "from 1 to 100"),
-    ("network: {BE: {rate_percent: 50}}", "network", "add up to 120 (SYSTEM 40 + LS 30 + BE 50), more than 100"),
+    ("network: {BE: {rate_percent: 50}}", "network", "add up to 120 (LS 30 + BE 50 + SYSTEM 40), more than 100"),
     ("network: {LS: {rate_percent: 60, ceil_percent: 50}}", "network.LS.rate_percent", "above ceil_percent (50)"),
     ("network: {SYSTEM: {priority: 8}}", "network.SYSTEM.priority", "from 0 to 7"),
     ("reconciler: {interval_seconds: 0}", "reconciler.interval_seconds", "from 0.1 to 86400, got 0"),
     ("reconciler: {interval_seconds: .nan}", "reconciler.interval_seconds", "got nan"),
     ("reconciler: {interval_seconds: 10s}", "reconciler.interval_seconds", "got '10s'"),
     ("reconciler: {interval: 10}", "reconciler.interval", "valid keys: interval_seconds"),
-    ("cpuburst: {}", "cpuburst", "unknown key 'cpuburst' (valid keys: cpu, cpuset, resctrl, memory, network, reconcil"),
-    ("1: {}", "1", "unknown key 1"),
-    ("- cpu", "", "the policy must be a mapping with keys cpu, cpuset"),
+    ("cpuburst: {}", "cpuburst", "unknown section 'cpuburst': no installed plugin defines it (plugin sections: cpu, "),
+    ("1: {}", "1", "unknown section 1"),
+    ("- cpu", "", "the policy must be a mapping with keys reconciler, trust, cpu, cpuset"),
     ("cpu: {}\ncpu: {}\n", "", "found key 'cpu' twice (line 2, column 1)"),
     ("resctrl: {BE: {mb_percent: 10, mb_percent: 20}}", "", "found key 'mb_percent' twice"),
     ("cpu: [\n", "", "not valid YAML"),
@@ -248,7 +272,7 @@ ERRORS = [
 @pytest.mark.parametrize(("text", "path", "reason"), ERRORS)
 def test_each_error_names_the_file_and_path(text: str, path: str, reason: str) -> None:
     with pytest.raises(PolicyError) as caught:
-        loads_policy(text, "/etc/runtime-hooks/policy.yaml")
+        loads(text, "/etc/runtime-hooks/policy.yaml")
     error = caught.value
     assert (error.file, error.path) == ("/etc/runtime-hooks/policy.yaml", path)
     assert reason in error.reason
@@ -267,72 +291,68 @@ def test_unreadable_files(tmp_path: Path) -> None:
         load_policy(binary)
 
 
-# --- policy_for -------------------------------------------------------------------------
+# --- settings for a class --------------------------------------------------------------
 
 
-def test_policy_for_every_plugin_and_class() -> None:
-    policy = loads_policy("memory: {BE: {v1_soft_limit: zero}}")
+def test_settings_for_every_plugin_and_class() -> None:
+    policy = loads("memory: {BE: {v1_soft_limit: zero}}")
     for qos in QoSClass:
-        assert policy_for(policy, "cpu", qos) is getattr(policy.cpu, qos)
-        assert policy_for(policy, "cpuset", qos) is getattr(policy.cpuset, qos)
-        assert policy_for(policy, "resctrl", qos) is getattr(policy.resctrl, qos)
-        assert policy_for(policy, "memory", qos) is getattr(policy.memory, qos)
-        assert policy_for(policy, "network", qos) is getattr(policy.network, NETWORK_BANDS[qos])
-    assert policy_for(policy, "memory", BE).v1_soft_limit == "zero"
-    assert policy_for(policy, "network", LSE) is policy.network.LS
-    assert policy_for(policy, "resctrl", "BE") is policy.resctrl.BE  # type: ignore[arg-type]
-    assert set(PLUGINS) == {f.name for f in dataclasses.fields(Policy)} - {"reconciler", "trust"}
-    with pytest.raises(ValueError, match="no per-class policy for plugin 'reconciler'"):
-        policy_for(policy, "reconciler", LS)
+        for name in ("cpu", "cpuset", "resctrl", "memory"):
+            assert policy.section(SPECS[name]).for_class(qos) is policy.sections[name].entries[qos.value]
+        band = NETWORK_BANDS[qos].value
+        assert policy.section(SPECS["network"]).for_class(qos) is policy.sections["network"].entries[band]
+    assert policy.section(SPECS["memory"]).for_class(BE).v1_soft_limit == "zero"
+    assert policy.section(SPECS["resctrl"]).for_class("BE") is V(policy).resctrl.BE
+    assert set(policy.sections) == set(SPECS) == {"cpu", "cpuset", "resctrl", "memory", "network"}
     with pytest.raises(ValueError):
-        policy_for(policy, "cpu", "GUARANTEED")  # type: ignore[arg-type]
+        policy.section(SPECS["cpu"]).for_class("GUARANTEED")
 
 
 # --- dumping ----------------------------------------------------------------------------
 
 
 def test_dump_is_plain_yaml_in_a_stable_order() -> None:
-    text = dump_policy(DEFAULT_POLICY)
-    assert list(yaml.safe_load(text)) == ["cpu", "cpuset", "resctrl", "memory", "network", "reconciler", "trust"]
+    text = dump_policy(DEFAULTS)
+    assert list(yaml.safe_load(text)) == ["cpu", "cpuset", "memory", "network", "resctrl", "reconciler", "trust"]
     assert "  BE:\n    l3_percent_range: [0, 30]\n    mb_percent: 100\n" in text
     assert "  interface: ''\n" in text
-    assert loads_policy(text) == DEFAULT_POLICY
-    assert dump_policy(loads_policy(text)) == text
+    assert loads(text) == DEFAULTS
+    assert dump_policy(loads(text)) == text
 
 
 def test_pod_cpusets_are_trusted_unless_the_policy_says_not() -> None:
     assert DEFAULT_POLICY.trust.pod_cpuset is True  # Koordinator's behaviour
-    assert loads_policy("trust: {pod_cpuset: false}").trust == TrustPolicy(pod_cpuset=False)
+    assert loads("trust: {pod_cpuset: false}").trust == TrustPolicy(pod_cpuset=False)
     with pytest.raises(PolicyError, match=r"trust\.pod_cpuset: must be true or false, got 'no'"):
-        loads_policy("trust: {pod_cpuset: 'no'}")
+        loads("trust: {pod_cpuset: 'no'}")
     with pytest.raises(PolicyError, match=r"trust\.pod_cpusets"):
-        loads_policy("trust: {pod_cpusets: false}")
+        loads("trust: {pod_cpusets: false}")
 
 
 def test_round_trip_of_an_edited_policy() -> None:
-    policy = loads_policy("network: {interface: 'yes', link_speed_mbit: 25000}\nreconciler: {interval_seconds: 0.25}")
-    assert policy.network.interface == "yes"  # quoted on the way out, or it would come back as true
-    assert loads_policy(dump_policy(policy), base=None) == policy
+    policy = loads("network: {interface: 'yes', link_speed_mbit: 25000}\nreconciler: {interval_seconds: 0.25}")
+    assert V(policy).network.interface == "yes"  # quoted on the way out, or it would come back as true
+    assert loads(dump_policy(policy), base=None) == policy
 
 
 # Any valid policy (hypothesis): every leaf drawn from its whole valid range.
 cpu_classes = st.builds(
-    CPUClassPolicy,
+    CPUSettings,
     cfs_quota_enabled=st.booleans(),
     cfs_burst_percent=st.integers(0, 10000),
     cfs_quota_burst_percent=st.integers(100, 2**40),
     cpu_idle=st.booleans(),
     group_identity=st.integers(-1, 2),
 )
-cpuset_classes = st.builds(CPUSetClassPolicy, pinned=st.booleans())
+cpuset_classes = st.builds(CPUSetSettings, pinned=st.booleans())
 l3_ranges = st.integers(0, 99).flatmap(lambda start: st.tuples(st.just(start), st.integers(start + 1, 100)))
-resctrl_classes = st.builds(ResctrlClassPolicy, l3_percent_range=l3_ranges, mb_percent=st.integers(1, 100))
+resctrl_classes = st.builds(ResctrlSettings, l3_percent_range=l3_ranges, mb_percent=st.integers(1, 100))
 
 
 @st.composite
-def memory_classes(draw: st.DrawFn) -> MemoryClassPolicy:
+def memory_classes(draw: st.DrawFn) -> MemorySettings:
     minimum = draw(st.integers(0, 100))
-    return MemoryClassPolicy(
+    return MemorySettings(
         min_percent=minimum,
         low_percent=draw(st.one_of(st.just(0), st.integers(minimum, 100))),
         throttling_percent=draw(st.integers(0, 100)),
@@ -352,53 +372,62 @@ tricky_names = st.sampled_from(["eth0", "yes", "null", "0", "~", "-", "é"])
 interfaces = st.one_of(st.just(""), tricky_names, st.text(min_size=1, max_size=15))
 
 
+NO_COMMON: st.SearchStrategy[Any] = st.none()
+
+
+def section(name: str, entries: st.SearchStrategy[Any], common: st.SearchStrategy[Any] = NO_COMMON) -> Any:
+    """Any valid section of plugin ``name``: an entry per class from ``entries``."""
+    spec = SPECS[name]
+    drawn = st.fixed_dictionaries(dict.fromkeys(spec.entry_names, entries))
+    return st.builds(lambda found, shared: SectionSettings(found, shared, spec.class_entry), drawn, common)
+
+
 @st.composite
-def networks(draw: st.DrawFn) -> NetworkPolicy:
+def networks(draw: st.DrawFn) -> SectionSettings:
     system = draw(st.integers(1, 98))
     ls = draw(st.integers(1, 99 - system))
     be = draw(st.integers(1, 100 - system - ls))
-    bands = [
-        NetworkBandPolicy(rate, draw(st.integers(rate, 100)), draw(st.integers(0, 7))) for rate in (system, ls, be)
-    ]
-    return NetworkPolicy(
-        interface=draw(interfaces.filter(_valid_interface)),
-        link_speed_mbit=draw(st.integers(0, 2**40)),
-        SYSTEM=bands[0],
-        LS=bands[1],
-        BE=bands[2],
-    )
-
-
-def per_class(section: type[Any], entries: st.SearchStrategy[Any], **settings: st.SearchStrategy[Any]) -> Any:
-    return st.builds(section, **{qos.value: entries for qos in QoSClass}, **settings)
+    bands = {
+        name: NetworkBandSettings(rate, draw(st.integers(rate, 100)), draw(st.integers(0, 7)))
+        for name, rate in (("LS", ls), ("BE", be), ("SYSTEM", system))
+    }
+    interface = draw(interfaces.filter(_valid_interface))
+    common = NetworkSection(interface=interface, link_speed_mbit=draw(st.integers(0, 2**40)))
+    return SectionSettings(bands, common, SPECS["network"].class_entry)
 
 
 policies = st.builds(
     Policy,
-    cpu=per_class(CPUPolicy, cpu_classes, be_quota_source=st.sampled_from(["batch", "kubelet"])),
-    cpuset=per_class(CPUSetPolicy, cpuset_classes),
-    resctrl=per_class(ResctrlPolicy, resctrl_classes),
-    memory=per_class(MemoryPolicy, memory_classes()),
-    network=networks(),
     reconciler=st.builds(ReconcilerPolicy, st.floats(0.1, 86400.0)),
     trust=st.builds(TrustPolicy, st.booleans()),
+    sections=st.fixed_dictionaries(
+        {
+            "cpu": section("cpu", cpu_classes, st.builds(CPUSection, st.sampled_from(["batch", "kubelet"]))),
+            "cpuset": section("cpuset", cpuset_classes),
+            "memory": section("memory", memory_classes()),
+            "network": networks(),
+            "resctrl": section("resctrl", resctrl_classes),
+        }
+    ),
 )
 
 
 @given(policies)
 def test_any_valid_policy_survives_dump_and_load(policy: Policy) -> None:
     text = dump_policy(policy)
-    assert loads_policy(text) == policy
-    assert policy_module._parse(text, "<dump>", None) == policy  # the dump is complete
+    assert loads(text) == policy
+    assert dump_policy(loads(text)) == text
 
 
-@given(policies, st.sets(st.sampled_from([f.name for f in dataclasses.fields(Policy)])))
+@given(policies, st.sets(st.sampled_from([*SPECS, "reconciler", "trust"])))
 def test_dumped_sections_overlay_the_rest(policy: Policy, sections: set[str]) -> None:
     full = yaml.safe_load(dump_policy(policy))
     partial = yaml.safe_dump({name: full[name] for name in sections})
-    loaded = loads_policy(partial)
-    for name in full:
-        assert getattr(loaded, name) == getattr(policy if name in sections else DEFAULT_POLICY, name)
+    loaded = loads(partial)
+    for name in SPECS:
+        assert loaded.sections[name] == (policy if name in sections else DEFAULTS).sections[name]
+    for name in ("reconciler", "trust"):
+        assert getattr(loaded, name) == getattr(policy if name in sections else DEFAULTS, name)
 
 
 # --- the watcher ------------------------------------------------------------------------
@@ -419,13 +448,13 @@ def test_watcher_reloads_on_change_and_keeps_the_last_good_policy(tmp_path: Path
     path = tmp_path / "policy.yaml"
     write(path, "resctrl: {BE: {l3_percent_range: [0, 20]}}\n")
     seen: list[Policy] = []
-    watcher = PolicyWatcher(path, seen.append)
-    assert watcher.current is DEFAULT_POLICY
+    watcher = PolicyWatcher(path, seen.append, specs=SPECS)
+    assert watcher.current == DEFAULTS
 
     with capture_logs() as logs:
         assert watcher.check() is True
     first = watcher.current
-    assert first.resctrl.BE.l3_percent_range == (0, 20)
+    assert V(first).resctrl.BE.l3_percent_range == (0, 20)
     assert seen == [first]
     assert logs == [{"event": "policy loaded", "log_level": "info", "path": str(path), "changed": ["resctrl"]}]
 
@@ -453,10 +482,10 @@ def test_watcher_reloads_on_change_and_keeps_the_last_good_policy(tmp_path: Path
     write(path, "resctrl: {BE: {l3_percent_range: [0, 10]}}\nnetwork: {interface: eth0}\n")
     with capture_logs() as logs:
         assert watcher.check() is True
-    assert watcher.current.resctrl.BE.l3_percent_range == (0, 10)
-    assert watcher.current.network.interface == "eth0"
+    assert V(watcher.current).resctrl.BE.l3_percent_range == (0, 10)
+    assert V(watcher.current).network.interface == "eth0"
     assert seen[-1] is watcher.current
-    assert logs[0]["changed"] == ["resctrl", "network"]
+    assert logs[0]["changed"] == ["network", "resctrl"]
 
     write(path, "resctrl: {BE: {l3_percent_range: [0, 10]}}\nnetwork: {interface: eth0}\n# a comment\n")
     with capture_logs() as logs:
@@ -466,16 +495,16 @@ def test_watcher_reloads_on_change_and_keeps_the_last_good_policy(tmp_path: Path
 
     write(path, "network: {interface: eth0}\n")  # a key removed from the file goes back to its default
     assert watcher.check() is True
-    assert watcher.current.resctrl == DEFAULT_POLICY.resctrl
+    assert watcher.current.sections["resctrl"] == DEFAULTS.sections["resctrl"]
 
 
 def test_watcher_without_a_file_uses_the_defaults_and_keeps_a_removed_ones_policy(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
-    watcher = PolicyWatcher(path)
+    watcher = PolicyWatcher(path, specs=SPECS)
     with capture_logs() as logs:
         assert watcher.check() is False
         assert watcher.check() is False
-    assert watcher.current is DEFAULT_POLICY
+    assert watcher.current == DEFAULTS
     assert events(logs) == ["no policy file; using the defaults"]
 
     write(path, "cpu: {be_quota_source: kubelet}\n")
@@ -492,10 +521,10 @@ def test_watcher_without_a_file_uses_the_defaults_and_keeps_a_removed_ones_polic
 def test_watcher_starts_on_an_invalid_file_with_the_defaults(tmp_path: Path) -> None:
     path = tmp_path / "policy.yaml"
     write(path, "cpu: {LS: {cfs_burst_percent: -5}}\n")
-    watcher = PolicyWatcher(path)
+    watcher = PolicyWatcher(path, specs=SPECS)
     with capture_logs() as logs:
         assert watcher.check() is False
-    assert watcher.current is DEFAULT_POLICY
+    assert watcher.current == DEFAULTS
     assert logs[0]["yaml_path"] == "cpu.LS.cfs_burst_percent"
 
 
@@ -506,10 +535,10 @@ def test_a_failing_callback_is_logged_and_the_policy_still_changes(tmp_path: Pat
     def broken(policy: Policy) -> None:
         raise RuntimeError("consumer bug")
 
-    watcher = PolicyWatcher(path, broken)
+    watcher = PolicyWatcher(path, broken, specs=SPECS)
     with capture_logs() as logs:
         assert watcher.check() is True
-    assert watcher.current.cpuset.BE.pinned
+    assert V(watcher.current).cpuset.BE.pinned
     assert events(logs) == ["policy loaded", "policy change callback failed"]
 
 
@@ -543,21 +572,3 @@ async def test_watcher_polls_in_the_background(tmp_path: Path) -> None:
     await asyncio.sleep(0.1)
     assert watcher.current.reconciler.interval_seconds == 2.0  # stopped: no more reloads
     assert changes.empty()
-
-
-# --- packaging --------------------------------------------------------------------------
-
-
-def test_every_package_directory_is_listed_in_pyproject() -> None:
-    """pyproject lists the packages (hooks/ is installed as runtimeproxy.hooks): none may be forgotten."""
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    roots = {name: REPO / directory for name, directory in config["package-dir"].items()}
-    found = set()
-    for name, root in roots.items():
-        for directory, subdirectories, files in os.walk(root):
-            subdirectories[:] = [d for d in subdirectories if d != "__pycache__" and not d.startswith(".")]
-            if files:
-                relative = Path(directory).relative_to(root).parts
-                found.add(".".join((name, *relative)))
-    assert sorted(found) == sorted(config["packages"])
-    assert "*.yaml" in config["package-data"]["*"]  # ships hooks/data/default-policy.yaml

@@ -23,6 +23,8 @@ from runtimeproxy.hooks.qos import (
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.play import kubelet
+from runtimeproxy.play.cri_resources import linux_resources
+from runtimeproxy.play.qos import KubeQoSClass
 
 KOORD = KOORDINATOR_QOS_LABEL
 KATALYST = KATALYST_QOS_LEVEL_ANNOTATION
@@ -135,17 +137,17 @@ def test_details_say_what_decided_and_what_was_ignored() -> None:
 # --- the cgroup parents kubelet actually sends ------------------------------------------
 
 KUBE_TO_CLASS = {
-    kubelet.QOSClass.GUARANTEED: QoSClass.LSR,  # Koordinator: QoSClassForGuaranteed = QoSLSR
-    kubelet.QOSClass.BURSTABLE: QoSClass.LS,
-    kubelet.QOSClass.BEST_EFFORT: QoSClass.BE,
+    KubeQoSClass.GUARANTEED: QoSClass.LSR,  # Koordinator: QoSClassForGuaranteed = QoSLSR
+    KubeQoSClass.BURSTABLE: QoSClass.LS,
+    KubeQoSClass.BEST_EFFORT: QoSClass.BE,
 }
 
 
 @pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
 @pytest.mark.parametrize("root", ["/", "/rtpx-1234", "/a/b-c"])
-@pytest.mark.parametrize("kube_qos", list(kubelet.QOSClass))
+@pytest.mark.parametrize("kube_qos", list(KubeQoSClass))
 def test_parents_from_the_kubelet_emulation(
-    kube_qos: kubelet.QOSClass, root: str, driver: kubelet.CgroupDriver
+    kube_qos: KubeQoSClass, root: str, driver: kubelet.CgroupDriver
 ) -> None:
     uid = "0b5a3c1e-8d2f-4b6a-9c7d-1e2f3a4b5c6d"
     parent = kubelet.pod_cgroup_parent(kube_qos, uid, driver, root)
@@ -155,7 +157,7 @@ def test_parents_from_the_kubelet_emulation(
 
 
 @given(
-    kube_qos=st.sampled_from(list(kubelet.QOSClass)),
+    kube_qos=st.sampled_from(list(KubeQoSClass)),
     uid=st.uuids().map(str),
     driver=st.sampled_from(["cgroupfs", "systemd"]),
     root=st.lists(st.from_regex(r"[a-z0-9][a-z0-9_-]{0,8}", fullmatch=True), max_size=3).map(
@@ -163,7 +165,7 @@ def test_parents_from_the_kubelet_emulation(
     ),
 )
 def test_any_kubelet_parent_resolves_to_its_class(
-    kube_qos: kubelet.QOSClass, uid: str, driver: kubelet.CgroupDriver, root: str
+    kube_qos: KubeQoSClass, uid: str, driver: kubelet.CgroupDriver, root: str
 ) -> None:
     parent = kubelet.pod_cgroup_parent(kube_qos, uid, driver, root)
     assert resolve_qos({}, {}, parent).qos_class is KUBE_TO_CLASS[kube_qos]
@@ -215,7 +217,7 @@ def test_resources_come_after_the_cgroup_parent() -> None:
 def test_resources_as_kubelet_computes_them(
     cpu_request: Decimal | None, cpu_limit: Decimal | None, memory_limit: Decimal | None, qos: QoSClass
 ) -> None:
-    resources = kubelet.linux_resources(cpu_request, cpu_limit, memory_limit).to_proto()
+    resources = linux_resources(cpu_request, cpu_limit, memory_limit).to_proto()
     assert resolve_qos({}, {}, "", resources).qos_class is qos
 
 

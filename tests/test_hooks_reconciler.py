@@ -157,7 +157,7 @@ class Tuner:
     keeps per-pod state, and clears it for the pods and containers reported gone."""
 
     def __init__(self, name: str = "tuner") -> None:
-        self.plugin = Plugin(name, policy_section="cpu")
+        self.plugin = Plugin(name)
         self.seen: list[dict[str, Any]] = []
         self.state: dict[str, set[str]] = {}  # sandbox id -> container ids it tuned
         self.plugin.reconcile(self.reconcile)
@@ -439,7 +439,7 @@ class SoftLimit:
     WANT = str(64 << 20)
 
     def __init__(self) -> None:
-        self.plugin = Plugin("softlimit", policy_section="memory")
+        self.plugin = Plugin("softlimit")
         self.seen: list[dict[str, Any]] = []
         self.plugin.reconcile(self.reconcile)
 

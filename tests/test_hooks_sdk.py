@@ -9,9 +9,10 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -34,6 +35,7 @@ from runtimeproxy.hooks.sdk import (
     Resources,
     ServerContext,
     discover_plugins,
+    settings_specs,
 )
 from structlog.testing import capture_logs
 
@@ -55,6 +57,26 @@ BE_POD = PodInfo(
     labels=MappingProxyType({"koordinator.sh/qosClass": "BE"}),
     cgroup_parent="/kubepods/besteffort/podu-be",
 )
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A plugin's settings of one class: plain typed fields, no parser given."""
+
+    level: int = 1
+    mode: Literal["a", "b"] = "a"
+
+
+@dataclass(frozen=True)
+class KnobSection:
+    scope: str = "node"
+
+
+@dataclass
+class Unfrozen:
+    level: int = 1
+
+
 CONTAINER = ContainerInfo(
     name="app", id="", attempt=0, resources=Resources(cpu_shares=512), env=(("A", "1"), ("B", "2"), ("A", "3"))
 )
@@ -173,7 +195,14 @@ def test_registration_errors_are_clear() -> None:
         ({"name": "p", "timeout": 0}, "timeout"),
         ({"name": "p", "timeout": float("nan")}, "timeout"),
         ({"name": "p", "order": "1"}, "order"),
-        ({"name": "p", "policy_section": "gpu"}, "no policy section"),
+        ({"name": "p", "settings": dict}, "settings must be a dataclass type"),
+        ({"name": "p", "settings": Unfrozen}, "must be frozen"),
+        ({"name": "p", "section": Knob, "settings": Knob, "defaults": {"BE": {"level": "x"}}}, r"p\.BE\.level"),
+        ({"name": "p", "defaults": {"BE": {}}}, "need settings= or section="),
+        ({"name": "p", "settings": Knob, "class_entry": {"LSE": "GOLD"}}, "class_entry maps QoS classes"),
+        ({"name": "p", "needs": ("gpu",)}, "the node handles are cgroups, resctrl"),
+        ({"name": "p", "state": 3}, "state must be a factory"),
+        ({"name": "trust", "settings": Knob}, "server section"),
     ],
 )
 def test_plugin_settings_are_checked(args: dict[str, Any], match: str) -> None:
@@ -183,15 +212,14 @@ def test_plugin_settings_are_checked(args: dict[str, Any], match: str) -> None:
 
 def test_failure_policy_accepts_the_registration_file_spelling() -> None:
     assert Plugin("p", failure_policy="Fail").failure_policy == "fail"
-    assert Plugin("cpu").policy_section == "cpu"  # named like a policy section: reads it
-    assert Plugin("mine").policy_section is None
+    assert Plugin("mine").settings_spec is None  # no settings: no section in the policy file
 
 
 # --- the kwargs contract -------------------------------------------------------------------------
 
 
 async def test_a_handler_gets_exactly_the_documented_arguments(make_runner: Any) -> None:
-    plugin = Plugin("cpu")
+    plugin = Plugin("knob", settings=Knob, section=KnobSection, defaults={"BE": {"level": 3}}, state=list)
     seen: dict[str, Any] = {}
 
     @plugin.on(CREATE)
@@ -199,14 +227,17 @@ async def test_a_handler_gets_exactly_the_documented_arguments(make_runner: Any)
         seen.update(kwargs)
 
     context = ServerContext(cgroups=None, resctrl=None)
-    await make_runner(plugin, context=context).run(CREATE, pod=BE_POD, container=CONTAINER)
+    runner = make_runner(plugin, context=context)
+    await runner.run(CREATE, pod=BE_POD, container=CONTAINER)
     assert set(seen) == set(HANDLER_KWARGS)
     assert seen["hook"] is CREATE
     assert seen["pod"] is BE_POD and seen["container"] is CONTAINER
     assert seen["qos"] is QoSClass.BE
     assert isinstance(seen["qos_resolution"], QoSResolution) and seen["qos_resolution"].source == "koordinator-label"
-    assert seen["policy"] == policy_mod.DEFAULT_POLICY.cpu.BE
-    assert seen["policy_section"] == policy_mod.DEFAULT_POLICY.cpu
+    assert seen["settings"] == Knob(level=3)  # the pod's class: BE, with the plugin's per-class default
+    assert seen["section"] == KnobSection()
+    assert seen["settings_for"]("LS") == Knob() and seen["settings_for"](QoSClass.BE) == Knob(level=3)
+    assert seen["state"] == [] and seen["state"] is runner.state_of("knob")
     assert isinstance(seen["response"], HookResponse) and seen["response"].kind is HookKind.CONTAINER
     assert seen["plugin"] is plugin
     assert seen["cgroups"] is None and seen["resctrl"] is None
@@ -218,30 +249,139 @@ async def test_named_arguments_and_async_handlers(make_runner: Any) -> None:
     got: list[Any] = []
 
     @plugin.on(RUN)
-    async def handler(pod: PodInfo, *, container: Any, qos: QoSClass, policy: Any, **kwargs: Any) -> None:
-        got.extend([pod.name, container, qos, policy, sorted(kwargs)])
+    async def handler(pod: PodInfo, *, container: Any, qos: QoSClass, settings: Any, **kwargs: Any) -> None:
+        got.extend([pod.name, container, qos, settings, sorted(kwargs)])
 
     await make_runner(plugin).run(RUN, pod=POD)
-    assert got[:4] == ["web", None, QoSClass.LS, None]  # burstable cgroup parent -> LS; no policy section
-    assert set(got[4]) == set(HANDLER_KWARGS) - {"pod", "container", "qos", "policy"}
+    assert got[:4] == ["web", None, QoSClass.LS, None]  # burstable cgroup parent -> LS; no settings
+    assert set(got[4]) == set(HANDLER_KWARGS) - {"pod", "container", "qos", "settings"}
 
 
-async def test_policy_follows_the_current_policy(make_runner: Any) -> None:
-    plugin = Plugin("resctrl")
+async def test_settings_follow_the_current_policy(make_runner: Any) -> None:
+    plugin = Plugin("knob", settings=Knob)
     seen: list[Any] = []
 
     @plugin.on(RUN)
-    def handler(policy: Any, **kwargs: Any) -> None:
-        seen.append(policy)
+    def handler(settings: Knob, **kwargs: Any) -> None:
+        seen.append(settings)
 
-    custom = policy_mod.loads_policy("resctrl:\n  BE: {l3_percent_range: [0, 10]}\n")
-    current = [policy_mod.DEFAULT_POLICY]
+    custom = policy_mod.loads_policy("knob:\n  BE: {level: 10, mode: b}\n", specs=settings_specs([plugin]))
+    current = [policy_mod.DEFAULT_POLICY]  # no section for the plugin: its own defaults
     runner = make_runner(plugin, context=ServerContext(policy=lambda: current[0]))
     await runner.run(RUN, pod=BE_POD)
     current[0] = custom
     await runner.run(RUN, pod=BE_POD)
-    assert seen == [policy_mod.DEFAULT_POLICY.resctrl.BE, custom.resctrl.BE]
-    assert seen[1].l3_percent_range == (0, 10)
+    assert seen == [Knob(), Knob(level=10, mode="b")]
+
+
+# --- state --------------------------------------------------------------------------------------
+
+
+async def test_state_is_one_object_per_runner_shared_by_every_handler_of_the_plugin(make_runner: Any) -> None:
+    made: list[dict[str, Any]] = []
+
+    def factory() -> dict[str, Any]:
+        made.append({})
+        return made[-1]
+
+    counter = Plugin("counter", state=factory)
+    other = Plugin("other", state=factory)
+    seen: list[tuple[str, int]] = []
+
+    @counter.on_start
+    def start(*, state: dict[str, Any], **kwargs: Any) -> None:
+        state["started"] = True
+
+    @counter.on(RUN, CREATE)
+    async def count(*, state: dict[str, Any], hook: HookPoint, **kwargs: Any) -> None:
+        state[hook.value] = state.get(hook.value, 0) + 1
+
+    @counter.reconcile
+    def reconcile(*, state: dict[str, Any], **kwargs: Any) -> None:
+        seen.append(("counter", id(state)))
+
+    @other.on(RUN)
+    def mark(*, state: dict[str, Any], **kwargs: Any) -> None:
+        state["other"] = True
+
+    runner = make_runner(counter, other)
+    assert len(made) == 2  # one per plugin, made when the runner is
+    await runner.start()
+    await runner.run(RUN, pod=POD)
+    await runner.run(RUN, pod=BE_POD)
+    await runner.run(CREATE, pod=POD, container=CONTAINER)
+    await runner.reconcile(pods=[POD])
+    assert runner.state_of("counter") == {"started": True, "PreRunPodSandbox": 2, "PreCreateContainer": 1}
+    assert runner.state_of("other") == {"other": True}  # separate per plugin
+    assert seen == [("counter", id(runner.state_of("counter")))]
+    assert len(made) == 2  # never made again
+    second = make_runner(counter)
+    assert second.state_of("counter") == {} and len(made) == 3  # a new runner: a new state
+    assert make_runner(Plugin("stateless")).state_of("stateless") is None
+
+
+async def test_a_failing_state_factory_disables_the_plugin_or_stops_the_server(make_runner: Any) -> None:
+    def broken() -> None:
+        raise OSError("no state")
+
+    ignoring = Plugin("ignoring", state=broken)
+    ignoring.on(RUN)(lambda **kwargs: None)
+    with capture_logs() as logs:
+        runner = make_runner(ignoring)
+    assert runner.plugins == () and logs[0]["reason"] == "state factory: OSError: no state"
+    [failure] = await runner.start()
+    assert (failure.plugin, failure.hook, failure.outcome) == ("ignoring", "start", "error")
+    strict = Plugin("strict", state=broken, failure_policy="fail")
+    strict.on(RUN)(lambda **kwargs: None)
+    with pytest.raises(HookCallFailed, match="state factory: OSError: no state"):
+        await make_runner(strict).start()
+
+
+# --- when a plugin is not called -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Switch:
+    enabled: bool = True
+    level: int = 0
+
+
+async def test_a_class_whose_settings_say_enabled_false_is_not_called(make_runner: Any) -> None:
+    plugin = Plugin("switch", settings=Switch, defaults={"BE": {"enabled": False}})
+    calls: list[str] = []
+
+    @plugin.on(RUN)
+    def handler(*, pod: PodInfo, settings: Switch, **kwargs: Any) -> None:
+        assert settings.enabled
+        calls.append(pod.name)
+
+    @plugin.reconcile
+    def reconcile(*, pods: list[PodInfo], **kwargs: Any) -> None:
+        calls.append("reconcile:" + ",".join(pod.name for pod in pods))
+
+    runner = make_runner(plugin)
+    off = await runner.run(RUN, pod=BE_POD)
+    on = await runner.run(RUN, pod=POD)
+    assert (off.applied, off.skipped) == ([], {"switch": "switch.BE.enabled is false"})
+    assert (on.applied, on.skipped) == (["switch"], {})
+    await runner.reconcile(pods=[POD, BE_POD])
+    assert calls == ["web", "reconcile:web"]  # BE's pod is not given to reconcile either
+    assert plugin.settings_spec is not None and plugin.settings_spec.switchable
+
+
+async def test_a_plugin_needing_a_node_handle_the_node_lacks_is_never_called(make_runner: Any) -> None:
+    plugin = Plugin("needy", needs=("cgroups", "resctrl"))
+    calls: list[str] = []
+    plugin.on(RUN)(lambda **kwargs: calls.append("hook"))
+    plugin.on_start(lambda **kwargs: calls.append("start"))
+    plugin.reconcile(lambda **kwargs: calls.append("reconcile"))
+    runner = make_runner(plugin, context=ServerContext(cgroups=None, resctrl=None))
+    assert await runner.start() == []
+    result = await runner.run(RUN, pod=POD)
+    assert await runner.reconcile(pods=[POD]) == []
+    assert calls == []
+    assert result.skipped == {"needy": "needs cgroups and resctrl, which this node lacks"}
+    assert plugin.describe()["needs"] == ["cgroups", "resctrl"]
 
 
 # --- ordering and merging ------------------------------------------------------------------------
@@ -652,7 +792,7 @@ def test_enable_and_disable(make_runner: Any) -> None:
 
 
 async def test_start_stop_and_reconcile_handlers(make_runner: Any) -> None:
-    plugin = Plugin("memory")
+    plugin = Plugin("memory", settings=Knob)
     events: list[tuple[str, Any]] = []
 
     @plugin.on(CREATE)
@@ -660,22 +800,22 @@ async def test_start_stop_and_reconcile_handlers(make_runner: Any) -> None:
 
     @plugin.on_start
     def start(server: ServerContext, **kwargs: Any) -> None:
-        events.append(("start", [*sorted(kwargs), "server"]))
+        events.append(("start", sorted([*kwargs, "server"])))
 
     @plugin.on_stop
     async def stop(**kwargs: Any) -> None:
         events.append(("stop", None))
 
     @plugin.reconcile
-    def reconcile(pods: list[PodInfo], policy_for: Any, node: str = "", **kwargs: Any) -> None:
-        events.append(("reconcile", ([p.name for p in pods], policy_for(QoSClass.BE), node)))
+    def reconcile(pods: list[PodInfo], settings_for: Any, node: str = "", **kwargs: Any) -> None:
+        events.append(("reconcile", ([p.name for p in pods], settings_for(QoSClass.BE), node)))
 
     runner = make_runner(plugin)
     assert await runner.start() == []
     assert await runner.reconcile(pods=[POD, BE_POD], node="n1") == []
     assert await runner.stop() == []
     assert events[0] == ("start", sorted(LIFECYCLE_KWARGS))
-    assert events[1] == ("reconcile", (["web", "batch"], policy_mod.DEFAULT_POLICY.memory.BE, "n1"))
+    assert events[1] == ("reconcile", (["web", "batch"], Knob(), "n1"))
     assert events[2] == ("stop", None)
 
 

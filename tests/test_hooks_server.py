@@ -420,14 +420,20 @@ def test_serve_refuses_bad_limits_and_roots(args: list[str], message: str) -> No
 # --- the command -----------------------------------------------------------------------------------
 
 CLI_PLUGIN = """
+from dataclasses import dataclass
+
 from runtimeproxy.hooks.sdk import Plugin
 
-plugin = Plugin("cli-tuner", version="2.0", order=5, failure_policy="fail", timeout=0.5, policy_section="cpu")
+@dataclass(frozen=True)
+class Tuning:
+    burst: int = 0
+
+plugin = Plugin("cli-tuner", version="2.0", order=5, failure_policy="fail", timeout=0.5, settings=Tuning)
 
 @plugin.on("PreCreateContainer")
-def create(response, qos, policy, **kwargs):
+def create(response, qos, settings, **kwargs):
     response.annotations["qos"] = str(qos)
-    response.annotations["burst"] = str(policy.cfs_burst_percent)
+    response.annotations["burst"] = str(settings.burst)
 
 @plugin.on("PreStartContainer")
 def start(pod, container, cgroups, **kwargs):
@@ -465,7 +471,7 @@ def test_plugins_command_lists_plugins_and_failures(plugin_site: Path) -> None:
         "yes",
         "fail",
         "0.5s",
-        "cpu",
+        "cli-tuner",
         "PreCreateContainer,PreStartContainer",
     ]
     assert "not loaded:" in result.output
@@ -494,7 +500,7 @@ def test_serve_command_end_to_end(plugin_site: Path, short_dir: Path, tmp_path: 
     tree.add_container(parent, "c1")
     notify = _notify_socket(short_dir)
     policy = tmp_path / "policy.yaml"
-    policy.write_text("cpu:\n  BE: {cfs_burst_percent: 42}\n")
+    policy.write_text("cli-tuner:\n  BE: {burst: 42}\n")  # the plugin's own section
     endpoint = short_dir / "hooks.sock"
     config_dir = short_dir / "hookserver.d"
     env = {

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -390,19 +391,26 @@ async def test_run_plugin_reports_and_raises_failures_as_the_server_does() -> No
         await run_plugin(failing("fail"), CREATE, pod=pod())
 
 
+@dataclass(frozen=True)
+class BurstSettings:
+    cfs_burst_percent: int = 0
+
+
 async def test_run_plugin_passes_node_handles_and_policy(fake_cgroup_v2: FakeCgroup, fake_resctrl: FakeResctrl) -> None:
     seen: dict[str, Any] = {}
-    plugin = Plugin("handles", policy_section="cpu")
+    plugin = Plugin("handles", settings=BurstSettings)
 
     @plugin.on(CREATE)
-    def handler(*, cgroups: Any, resctrl: Any, policy: Any, dry_run: bool, **kwargs: Any) -> None:
-        seen.update(cgroups=cgroups, resctrl=resctrl, burst=policy.cfs_burst_percent, dry_run=dry_run)
+    def handler(*, cgroups: Any, resctrl: Any, settings: BurstSettings, dry_run: bool, **kwargs: Any) -> None:
+        seen.update(cgroups=cgroups, resctrl=resctrl, burst=settings.cfs_burst_percent, dry_run=dry_run)
 
     await run_plugin(plugin, CREATE, pod=pod(qos="LS"), cgroups=fake_cgroup_v2, resctrl=fake_resctrl)
     assert isinstance(seen["cgroups"], CgroupFS) and seen["cgroups"].root == fake_cgroup_v2.root
     assert isinstance(seen["resctrl"], ResctrlFS) and seen["resctrl"].root == fake_resctrl.root
     assert seen["dry_run"] is False
-    await run_plugin(plugin, CREATE, pod=pod(qos="LS"), policy="cpu:\n  LS: {cfs_burst_percent: 40}\n", dry_run=True)
+    await run_plugin(
+        plugin, CREATE, pod=pod(qos="LS"), policy="handles:\n  LS: {cfs_burst_percent: 40}\n", dry_run=True
+    )
     assert (seen["cgroups"], seen["resctrl"], seen["burst"], seen["dry_run"]) == (None, None, 40, True)
 
 

@@ -14,22 +14,18 @@ from hypothesis import strategies as st
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.play import kubelet
-from runtimeproxy.play.kubelet import (
-    QOSClass,
-    build_plan,
+from runtimeproxy.play.cri_resources import (
     container_oom_score_adj,
-    expand_vars,
     linux_resources,
     milli_cpu_to_quota,
     milli_cpu_to_shares,
     oom_score_adj_for_request,
-    pod_cgroup_parent,
-    pod_limits,
-    pod_qos_class,
-    pod_requests,
     read_machine_memory,
 )
+from runtimeproxy.play.kubelet import build_plan, expand_vars, pod_cgroup_parent
 from runtimeproxy.play.manifest import load_pod, parse_pod
+from runtimeproxy.play.pod_resources import pod_limits, pod_requests
+from runtimeproxy.play.qos import KubeQoSClass, pod_qos_class
 from runtimeproxy.play.runner import PlayError, delete, play
 
 PODS = Path(__file__).parent / "data" / "pods"
@@ -74,42 +70,42 @@ def guaranteed(cpu: str = "1", memory: str = "1Gi") -> dict[str, Any]:
 
 # -- QoS class --------------------------------------------------------------------------------
 
-QOS_CASES: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None, QOSClass]] = [
-    ("nothing set", [{}], None, QOSClass.BEST_EFFORT),
-    ("two empty containers", [{}, {}], None, QOSClass.BEST_EFFORT),
-    ("only ephemeral-storage", [{"limits": {"ephemeral-storage": "1Gi"}}], None, QOSClass.BEST_EFFORT),
-    ("zero requests", [{"requests": {"cpu": "0", "memory": "0"}}], None, QOSClass.BEST_EFFORT),
-    ("requests equal limits", [guaranteed()], None, QOSClass.GUARANTEED),
+QOS_CASES: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None, KubeQoSClass]] = [
+    ("nothing set", [{}], None, KubeQoSClass.BEST_EFFORT),
+    ("two empty containers", [{}, {}], None, KubeQoSClass.BEST_EFFORT),
+    ("only ephemeral-storage", [{"limits": {"ephemeral-storage": "1Gi"}}], None, KubeQoSClass.BEST_EFFORT),
+    ("zero requests", [{"requests": {"cpu": "0", "memory": "0"}}], None, KubeQoSClass.BEST_EFFORT),
+    ("requests equal limits", [guaranteed()], None, KubeQoSClass.GUARANTEED),
     (
         "limits only: requests default to limits",
         [{"limits": {"cpu": "500m", "memory": "256Mi"}}],
         None,
-        QOSClass.GUARANTEED,
+        KubeQoSClass.GUARANTEED,
     ),
     (
         "same value, different spelling",
         [{"requests": {"cpu": "1000m", "memory": "1024Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}],
         None,
-        QOSClass.GUARANTEED,
+        KubeQoSClass.GUARANTEED,
     ),
-    ("two guaranteed containers", [guaranteed(), guaranteed("250m", "64Mi")], None, QOSClass.GUARANTEED),
-    ("memory request only", [{"requests": {"memory": "256Mi"}}], None, QOSClass.BURSTABLE),
-    ("cpu limit only", [{"limits": {"cpu": "1"}}], None, QOSClass.BURSTABLE),
+    ("two guaranteed containers", [guaranteed(), guaranteed("250m", "64Mi")], None, KubeQoSClass.GUARANTEED),
+    ("memory request only", [{"requests": {"memory": "256Mi"}}], None, KubeQoSClass.BURSTABLE),
+    ("cpu limit only", [{"limits": {"cpu": "1"}}], None, KubeQoSClass.BURSTABLE),
     (
         "requests below limits",
         [{"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}],
         None,
-        QOSClass.BURSTABLE,
+        KubeQoSClass.BURSTABLE,
     ),
-    ("guaranteed + besteffort container", [guaranteed(), {}], None, QOSClass.BURSTABLE),
-    ("guaranteed with besteffort init container", [guaranteed()], [{}], QOSClass.BURSTABLE),
-    ("guaranteed with guaranteed init container", [guaranteed()], [guaranteed("2", "2Gi")], QOSClass.GUARANTEED),
-    ("besteffort with burstable init container", [{}], [{"requests": {"cpu": "100m"}}], QOSClass.BURSTABLE),
+    ("guaranteed + besteffort container", [guaranteed(), {}], None, KubeQoSClass.BURSTABLE),
+    ("guaranteed with besteffort init container", [guaranteed()], [{}], KubeQoSClass.BURSTABLE),
+    ("guaranteed with guaranteed init container", [guaranteed()], [guaranteed("2", "2Gi")], KubeQoSClass.GUARANTEED),
+    ("besteffort with burstable init container", [{}], [{"requests": {"cpu": "100m"}}], KubeQoSClass.BURSTABLE),
     (
         "cpu and memory limits but cpu request lower",
         [{"requests": {"cpu": "100m"}, "limits": {"cpu": "1", "memory": "1Gi"}}],
         None,
-        QOSClass.BURSTABLE,
+        KubeQoSClass.BURSTABLE,
     ),
 ]
 
@@ -119,22 +115,26 @@ QOS_CASES: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None, QO
     [case[1:] for case in QOS_CASES],
     ids=[case[0] for case in QOS_CASES],
 )
-def test_qos_class(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None, expected: QOSClass) -> None:
+def test_qos_class(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None, expected: KubeQoSClass) -> None:
     assert pod_qos_class(make_pod(containers, init)) is expected
 
 
 def test_qos_pod_level_resources_win() -> None:
     pod = make_pod([{}], resources={"limits": {"cpu": "1", "memory": "1Gi"}})
-    assert pod_qos_class(pod) is QOSClass.GUARANTEED
+    assert pod_qos_class(pod) is KubeQoSClass.GUARANTEED
     pod = make_pod([guaranteed()], resources={"requests": {"cpu": "1"}})
-    assert pod_qos_class(pod) is QOSClass.BURSTABLE
+    assert pod_qos_class(pod) is KubeQoSClass.BURSTABLE
 
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("ls-pod", QOSClass.BURSTABLE), ("be-pod", QOSClass.BEST_EFFORT), ("guaranteed-pod", QOSClass.GUARANTEED)],
+    [
+        ("ls-pod", KubeQoSClass.BURSTABLE),
+        ("be-pod", KubeQoSClass.BEST_EFFORT),
+        ("guaranteed-pod", KubeQoSClass.GUARANTEED),
+    ],
 )
-def test_example_pods_qos(name: str, expected: QOSClass) -> None:
+def test_example_pods_qos(name: str, expected: KubeQoSClass) -> None:
     assert pod_qos_class(load_pod(PODS / f"{name}.yaml")) is expected
 
 
@@ -144,30 +144,30 @@ def test_example_pods_qos(name: str, expected: QOSClass) -> None:
 @pytest.mark.parametrize(
     ("qos", "expected"),
     [
-        (QOSClass.GUARANTEED, f"/kubepods/pod{UID}"),
-        (QOSClass.BURSTABLE, f"/kubepods/burstable/pod{UID}"),
-        (QOSClass.BEST_EFFORT, f"/kubepods/besteffort/pod{UID}"),
+        (KubeQoSClass.GUARANTEED, f"/kubepods/pod{UID}"),
+        (KubeQoSClass.BURSTABLE, f"/kubepods/burstable/pod{UID}"),
+        (KubeQoSClass.BEST_EFFORT, f"/kubepods/besteffort/pod{UID}"),
     ],
 )
-def test_cgroup_parent_cgroupfs(qos: QOSClass, expected: str) -> None:
+def test_cgroup_parent_cgroupfs(qos: KubeQoSClass, expected: str) -> None:
     assert pod_cgroup_parent(qos, UID) == expected
 
 
 def test_cgroup_parent_with_cgroup_root() -> None:
-    assert pod_cgroup_parent(QOSClass.BURSTABLE, "u", cgroup_root="/test-1") == ("/test-1/kubepods/burstable/podu")
-    assert pod_cgroup_parent(QOSClass.GUARANTEED, "u", cgroup_root="/") == "/kubepods/podu"
+    assert pod_cgroup_parent(KubeQoSClass.BURSTABLE, "u", cgroup_root="/test-1") == ("/test-1/kubepods/burstable/podu")
+    assert pod_cgroup_parent(KubeQoSClass.GUARANTEED, "u", cgroup_root="/") == "/kubepods/podu"
 
 
 def test_cgroup_parent_systemd() -> None:
-    assert pod_cgroup_parent(QOSClass.BURSTABLE, "12-ab", "systemd") == (
+    assert pod_cgroup_parent(KubeQoSClass.BURSTABLE, "12-ab", "systemd") == (
         "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12_ab.slice"
     )
-    assert pod_cgroup_parent(QOSClass.GUARANTEED, "12-ab", "systemd") == ("/kubepods.slice/kubepods-pod12_ab.slice")
+    assert pod_cgroup_parent(KubeQoSClass.GUARANTEED, "12-ab", "systemd") == ("/kubepods.slice/kubepods-pod12_ab.slice")
 
 
 def test_cgroup_parent_unknown_driver() -> None:
     with pytest.raises(ValueError, match="cgroup driver"):
-        pod_cgroup_parent(QOSClass.BURSTABLE, "u", "nope")  # type: ignore[arg-type]
+        pod_cgroup_parent(KubeQoSClass.BURSTABLE, "u", "nope")  # type: ignore[arg-type]
 
 
 # -- CPU shares and quota -------------------------------------------------------------------------

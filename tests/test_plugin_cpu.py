@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cgroups import MAX_SHARES, MIN_SHARES, CgroupFS, CgroupPathError, CgroupVersion
 from runtimeproxy.hooks.plugins import cpu
-from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy, loads_policy
+from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import (
     ContainerInfo,
@@ -26,6 +26,7 @@ from runtimeproxy.hooks.sdk import (
     Resources,
     ServerContext,
 )
+from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 from structlog.testing import capture_logs
 
@@ -48,6 +49,11 @@ class RecordingFS(CgroupFS):
     ) -> None:
         self.writes.append(file)
         super().write(controller, file, value, parent, container_id)
+
+
+assert cpu.plugin.settings_spec is not None
+DEFAULTS = DEFAULT_POLICY.section(cpu.plugin.settings_spec)  # the cpu plugin's own defaults
+SECTION: cpu.CPUSection = DEFAULTS.common
 
 
 @pytest.fixture(
@@ -78,7 +84,7 @@ def make_runner(runners: list[PluginRunner], request: pytest.FixtureRequest) -> 
     """make(policy_yaml="", cgroups=None): a runner of the cpu plugin (cgroups: the ``fs`` fixture)."""
 
     def make(policy: str = "", cgroups: CgroupFS | None = None) -> PluginRunner:
-        current: Policy = loads_policy(policy) if policy else DEFAULT_POLICY
+        current: Policy = policy_from(policy) if policy else DEFAULT_POLICY
         fs = cgroups if cgroups is not None else request.getfixturevalue("fs")
         context = ServerContext(cgroups=fs, policy=lambda: current)
         runner = PluginRunner([cpu.plugin], context=context, registry=CollectorRegistry())
@@ -491,9 +497,11 @@ async def test_reconcile_repairs_drift_counts_it_and_leaves_settled_pods_alone(
     assert fs.cpu_quota(be_parent) == (150000, 100000)
 
     fs.writes.clear()
-    before = cpu.drift_repaired_total()
+    state = runner.state_of("cpu")
+    assert isinstance(state, cpu.CpuState)  # made by the plugin's factory, once for this runner
+    before = state.drift_repaired_total
     assert await runner.reconcile(pods=[be, ls, gone]) == []
-    assert fs.writes == [] and cpu.drift_repaired_total() == before  # in sync: reads only
+    assert fs.writes == [] and state.drift_repaired_total == before  # in sync: reads only
 
     fs.set_cpu_quota(be_parent, 400000)  # someone overwrote the BE quota
     fs.set_group_identity(ls_parent, 0)  # and the LS group identity
@@ -503,12 +511,12 @@ async def test_reconcile_repairs_drift_counts_it_and_leaves_settled_pods_alone(
     assert fs.cpu_quota(be_parent) == (150000, 100000)
     assert tree.read(ls_parent, "cpu.bvt_warp_ns") == "2"
     assert int(tree.read(ls_parent, burst_file(tree))) == 100000
-    assert cpu.drift_repaired_total() == before + 3
+    assert state.drift_repaired_total == before + 3
     assert not tree.dir(gone.cgroup_parent).exists()  # reconcile never creates cgroups
 
     fs.writes.clear()
     log = _NullLog()
-    assert cpu.reconcile_pods(fs, [be, ls, gone], _policy_for, DEFAULT_POLICY.cpu, log) == 0
+    assert cpu.reconcile_pods(fs, [be, ls, gone], _policy_for, SECTION, log) == 0
     assert fs.writes == []
 
 
@@ -518,7 +526,7 @@ class _NullLog:
 
 
 def _policy_for(qos: QoSClass) -> Any:
-    return getattr(DEFAULT_POLICY.cpu, QoSClass(qos).value)
+    return DEFAULTS.for_class(qos)
 
 
 async def test_reconcile_follows_a_policy_change(tree: FakeCgroup, fs: RecordingFS, make_runner: Any) -> None:
@@ -536,7 +544,7 @@ async def test_reconcile_follows_a_policy_change(tree: FakeCgroup, fs: Recording
 def test_plans_compute_without_touching_the_node() -> None:
     spec = batch_spec(main={"requests": {cpu.BATCH_CPU: "500"}, "limits": {cpu.BATCH_CPU: "1"}})
     pod = make_pod("/kubepods/besteffort/podq", qos="BE", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
-    plan = cpu.plan_pod(pod, QoSClass.BE, DEFAULT_POLICY.cpu.BE, DEFAULT_POLICY.cpu)
+    plan = cpu.plan_pod(pod, QoSClass.BE, DEFAULTS.for_class("BE"), SECTION)
     assert (plan.cfs_quota, plan.cfs_period, plan.cfs_burst, plan.cpu_idle, plan.group_identity) == (
         1000,  # 1 milli-core is 100 µs: raised to the kernel's minimum
         100000,
@@ -553,17 +561,15 @@ def test_plans_compute_without_touching_the_node() -> None:
     }
     assert plan.files(CgroupVersion.V2)["cpu.max"] == "1000 100000"
     assert plan.describe()["notes"]
-    container = cpu.plan_container(
-        pod, ContainerInfo(name="main"), QoSClass.BE, DEFAULT_POLICY.cpu.BE, DEFAULT_POLICY.cpu
-    )
+    container = cpu.plan_container(pod, ContainerInfo(name="main"), QoSClass.BE, DEFAULTS.for_class("BE"), SECTION)
     assert (container.cpu_quota, container.cpu_period, container.cpu_shares) == (1000, 100000, 512)
 
     ls = make_pod("/kubepods/burstable/podl")
-    unknown = cpu.plan_pod(ls, QoSClass.LS, DEFAULT_POLICY.cpu.LS, DEFAULT_POLICY.cpu)
+    unknown = cpu.plan_pod(ls, QoSClass.LS, DEFAULTS.for_class("LS"), SECTION)
     assert unknown.cfs_quota is None and unknown.cfs_burst is None  # nothing says the quota
     assert "cpu.max" not in unknown.files(CgroupVersion.V2)
     pinned = make_pod("/kubepods/podp", annotations=PINNED)
-    lsr = cpu.plan_pod(pinned, QoSClass.LSR, DEFAULT_POLICY.cpu.LSR, DEFAULT_POLICY.cpu)
+    lsr = cpu.plan_pod(pinned, QoSClass.LSR, DEFAULTS.for_class("LSR"), SECTION)
     assert lsr.files(CgroupVersion.V2)["cpu.max"] == "max 100000"
 
 
@@ -642,7 +648,7 @@ def test_container_plans_always_pass_the_proxys_checks(limit: int | None, reques
         qos="BE",
         annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: batch_spec(main=entry)},
     )
-    plan = cpu.plan_container(pod, ContainerInfo(name="main"), QoSClass.BE, DEFAULT_POLICY.cpu.BE, DEFAULT_POLICY.cpu)
+    plan = cpu.plan_container(pod, ContainerInfo(name="main"), QoSClass.BE, DEFAULTS.for_class("BE"), SECTION)
     changes = ResourceChanges()
     plan.apply_to(changes)
     assert changes.problems() == []

@@ -13,9 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cgroups import CgroupFS
 from runtimeproxy.hooks.plugins import cpu, cpuset
-from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy, loads_policy
+from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PluginRunner, PodInfo, Resources, ServerContext
+from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 from structlog.testing import capture_logs
 
@@ -24,6 +25,9 @@ UPDATE = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
 STATUS = cpuset.RESOURCE_STATUS_ANNOTATION
 APP = ContainerInfo(name="app", resources=Resources(cpu_quota=200000, cpu_period=100000, cpu_shares=2048))
+
+assert cpuset.plugin.settings_spec is not None
+SPEC = cpuset.plugin.settings_spec
 
 
 @pytest.fixture(
@@ -41,7 +45,7 @@ def make_runner(tree: FakeCgroup) -> Iterator[Any]:
     made: list[PluginRunner] = []
 
     def make(*plugins: Plugin, policy: str = "", cgroups: CgroupFS | None = None) -> PluginRunner:
-        current: Policy = loads_policy(policy) if policy else DEFAULT_POLICY
+        current: Policy = policy_from(policy) if policy else DEFAULT_POLICY
         context = ServerContext(cgroups=cgroups or tree.fs(), policy=lambda: current)
         runner = PluginRunner(plugins or [cpuset.plugin], context=context, registry=CollectorRegistry())
         made.append(runner)
@@ -165,9 +169,9 @@ async def test_the_trust_switch_ignores_pod_supplied_cpusets_and_keeps_the_quota
 
 def test_the_plan_is_pure() -> None:
     pod = PodInfo(name="p", namespace="d", uid="u", annotations=MappingProxyType({STATUS: '{"cpuset": "1,2,3,7"}'}))
-    plan = cpuset.plan_container(pod, APP, QoSClass.LSE, DEFAULT_POLICY.cpuset.LSE)
+    plan = cpuset.plan_container(pod, APP, QoSClass.LSE, DEFAULT_POLICY.section(SPEC).for_class("LSE"))
     assert plan.cpuset_cpus == "1-3,7" and plan.describe()["notes"]
-    shared = cpuset.plan_container(pod, APP, QoSClass.LS, DEFAULT_POLICY.cpuset.LS)
+    shared = cpuset.plan_container(pod, APP, QoSClass.LS, DEFAULT_POLICY.section(SPEC).for_class("LS"))
     assert shared.cpuset_cpus is None
     with pytest.raises(ValueError, match="resource-status"):
         cpuset.cpuset_from_annotations({STATUS: "nope"})

@@ -19,6 +19,7 @@ from runtimeproxy.hooks.plugins.memory import (
     BATCH_MEMORY,
     EXTENDED_RESOURCE_SPEC,
     PAGE_SIZE,
+    MemorySettings,
     container_inputs,
     container_plan,
     extended_resource_spec,
@@ -29,9 +30,10 @@ from runtimeproxy.hooks.plugins.memory import (
     protection,
     soft_limit,
 )
-from runtimeproxy.hooks.policy import DEFAULT_POLICY, MemoryClassPolicy, Policy, loads_policy
+from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, Resources, ServerContext
+from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.cgroups import (
     V1_UNLIMITED,
     FakeCgroup,
@@ -42,7 +44,7 @@ from runtimeproxy.hooks.testkit.cgroups import (
 
 GiB = 1 << 30
 MiB = 1 << 20
-POLICY = loads_policy(
+POLICY = policy_from(
     """
 memory:
   LSR: {min_percent: 100, low_percent: 100, throttling_percent: 0, v1_soft_limit: request}
@@ -56,8 +58,15 @@ def page(value: int) -> int:
     return value // PAGE_SIZE * PAGE_SIZE
 
 
-def policy_entry(min_percent: int = 0, low_percent: int = 0, throttling_percent: int = 0) -> MemoryClassPolicy:
-    return MemoryClassPolicy(
+def settings_of(policy: Policy, qos: str) -> MemorySettings:
+    """The memory settings of class ``qos`` in ``policy``."""
+    assert plugin.settings_spec is not None
+    found: MemorySettings = policy.section(plugin.settings_spec).for_class(qos)
+    return found
+
+
+def policy_entry(min_percent: int = 0, low_percent: int = 0, throttling_percent: int = 0) -> MemorySettings:
+    return MemorySettings(
         min_percent=min_percent,
         low_percent=low_percent,
         throttling_percent=throttling_percent,
@@ -234,11 +243,11 @@ def test_protection_is_ordered_bounded_and_page_aligned(
 
 
 def test_soft_limit_and_oom_rules() -> None:
-    entry = DEFAULT_POLICY.memory.LS
+    entry = settings_of(DEFAULT_POLICY, "LS")
     assert soft_limit(GiB, entry) is None  # unset
-    assert soft_limit(GiB, POLICY.memory.LS) == GiB
-    assert soft_limit(None, POLICY.memory.LS) is None
-    assert soft_limit(GiB, POLICY.memory.BE) == 0
+    assert soft_limit(GiB, settings_of(POLICY, "LS")) == GiB
+    assert soft_limit(None, settings_of(POLICY, "LS")) is None
+    assert soft_limit(GiB, settings_of(POLICY, "BE")) == 0
     assert oom_score_adj(QoSClass.BE, 500) == 1000
     assert oom_score_adj(QoSClass.BE, -997) == 1000
     assert oom_score_adj(QoSClass.BE, 1000) is None
@@ -255,12 +264,12 @@ def test_plan_describes_itself_for_explain() -> None:
     annotations = MappingProxyType({EXTENDED_RESOURCE_SPEC: spec({"app": {"requests": {"memory": "1Gi"}}})})
     pod = PodInfo(name="p", namespace="n", uid="u", annotations=annotations)
     app = ContainerInfo(name="app", id="c", resources=Resources(memory_limit_in_bytes=2 * GiB))
-    plan = container_plan(QoSClass.LSR, POLICY.memory.LSR, pod, app, CgroupVersion.V2, page_size=4096)
+    plan = container_plan(QoSClass.LSR, settings_of(POLICY, "LSR"), pod, app, CgroupVersion.V2, page_size=4096)
     described = plan.describe()
     assert described["files"]["memory.min"] == str(GiB)
     assert described["files"]["memory.high"] is None  # throttling off: left as it is
     assert described["request_source"] == f"{EXTENDED_RESOURCE_SPEC} requests[memory]"
-    v1 = container_plan(QoSClass.LSR, POLICY.memory.LSR, pod, app, CgroupVersion.V1, page_size=4096)
+    v1 = container_plan(QoSClass.LSR, settings_of(POLICY, "LSR"), pod, app, CgroupVersion.V1, page_size=4096)
     assert v1.files()["memory.soft_limit_in_bytes"] == str(GiB)
 
 
@@ -412,7 +421,7 @@ async def test_watermarks_where_the_kernel_has_them(make_node: Any, version: int
     be = node.pod("BE", "besteffort")
     job = node.container(be, "job")
     await node.runner.run(HookPoint.POST_START_CONTAINER, pod=be, container=job)
-    entry = POLICY.memory.BE
+    entry = settings_of(POLICY, "BE")
     assert node.read(be, "memory.wmark_ratio", job) == str(entry.wmark_ratio)
     assert node.read(be, "memory.wmark_scale_factor", job) == str(entry.wmark_scale_permill)
     assert node.read(be, "memory.wmark_min_adj", job) == str(entry.wmark_min_adj)
@@ -493,7 +502,7 @@ async def test_reconcile_sets_back_drift_and_follows_policy_changes(
     assert report.repaired == {"memory": 1}
     assert node.read(ls, "memory.min", app) == str(page(GiB // 2))
 
-    current[0] = loads_policy("memory:\n  LS: {min_percent: 100, low_percent: 100, throttling_percent: 60}\n")
+    current[0] = policy_from("memory:\n  LS: {min_percent: 100, low_percent: 100, throttling_percent: 60}\n")
     report = await runner.reconcile_report(pods=[ls], containers=containers)
     assert report.repaired == {"memory": 4}  # min and low, at pod and container level
     assert node.read(ls, "memory.min", app) == node.read(ls, "memory.low", app) == str(GiB)

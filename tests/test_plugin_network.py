@@ -24,43 +24,51 @@ from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion, PodRoots
 from runtimeproxy.hooks.plugins import network
 from runtimeproxy.hooks.plugins.network import (
     FALLBACK_LINK_MBIT,
+    NetworkBandSettings,
+    NetworkConfig,
     NetworkQoS,
+    NetworkSection,
     Shaper,
     band_classid,
     band_rates,
     explain,
+    network_config,
     plan_tree,
     tc_commands,
 )
-from runtimeproxy.hooks.policy import DEFAULT_POLICY, NetworkBandPolicy, NetworkPolicy
+from runtimeproxy.hooks.policy import DEFAULT_POLICY
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import HookPoint, PluginRunner, PodInfo, ServerContext
+from runtimeproxy.hooks.testkit import policy_from
 
 LOG = structlog.get_logger("test.network")
 LINK_MBIT = 10
 BE, LS, SYSTEM = band_classid("BE"), band_classid("LS"), band_classid("SYSTEM")
+assert network.plugin.settings_spec is not None
+DEFAULTS = DEFAULT_POLICY.section(network.plugin.settings_spec)  # the plugin's own defaults
+DEFAULT_CONFIG = network_config(DEFAULTS.common, DEFAULTS.for_class)
 
 
 # --- pure: the plan ------------------------------------------------------------------------------
 
 
 @st.composite
-def sections(draw: st.DrawFn) -> NetworkPolicy:
+def sections(draw: st.DrawFn) -> NetworkConfig:
     """Network sections the policy loader accepts: rate <= ceil, rates adding up to at most 100."""
     system = draw(st.integers(1, 98))
     ls = draw(st.integers(1, 99 - system))
     be = draw(st.integers(1, 100 - system - ls))
     bands = {
-        name: NetworkBandPolicy(
+        name: NetworkBandSettings(
             rate_percent=rate, ceil_percent=draw(st.integers(rate, 100)), priority=draw(st.integers(0, 7))
         )
         for name, rate in (("SYSTEM", system), ("LS", ls), ("BE", be))
     }
-    return NetworkPolicy(interface="eth0", link_speed_mbit=0, **bands)
+    return NetworkConfig(interface="eth0", link_speed_mbit=0, **bands)
 
 
 @given(sections(), st.integers(1, 400_000))
-def test_band_rates_fit_the_link(section: NetworkPolicy, link_mbit: int) -> None:
+def test_band_rates_fit_the_link(section: NetworkConfig, link_mbit: int) -> None:
     assert section.SYSTEM.rate_percent + section.LS.rate_percent + section.BE.rate_percent <= 100
     plan = plan_tree(section, link_mbit)
     link = link_mbit * 125_000
@@ -89,7 +97,7 @@ def test_band_rates_refuses_nonsense() -> None:
 
 
 def test_default_plan_and_explain() -> None:
-    section = replace(DEFAULT_POLICY.network, interface="eth0")
+    section = replace(DEFAULT_CONFIG, interface="eth0")
     plan = plan_tree(section, 1000)
     assert [(b.name, b.classid, b.rate * 8, b.ceil * 8, b.prio) for b in plan.bands] == [
         ("SYSTEM", 0x10010, 400_000_000, 1_000_000_000, 1),
@@ -109,7 +117,7 @@ def test_default_plan_and_explain() -> None:
         ("LS", ["LS", "LSE", "LSR"], 300_000_000),
         ("BE", ["BE"], 300_000_000),
     ]
-    off = explain(DEFAULT_POLICY.network)
+    off = explain(DEFAULT_CONFIG)
     assert not off["enabled"] and off["link_speed_mbit"] is None and "tc" not in off
     assert "rate_bits" not in off["bands"][0]
 
@@ -133,12 +141,9 @@ def test_link_speed_from_policy_sysfs_or_fallback(tmp_path: Path) -> None:
     state = NetworkQoS()
     with structlog.testing.capture_logs() as logs:
         logger = structlog.get_logger()
-        assert (
-            state.resolve_plan(replace(DEFAULT_POLICY.network, interface="lo", link_speed_mbit=40), logger).link_mbit
-            == 40
-        )
-        plan = state.resolve_plan(replace(DEFAULT_POLICY.network, interface="lo"), logger)  # lo has no speed
-        state.resolve_plan(replace(DEFAULT_POLICY.network, interface="lo"), logger)
+        assert state.resolve_plan(replace(DEFAULT_CONFIG, interface="lo", link_speed_mbit=40), logger).link_mbit == 40
+        plan = state.resolve_plan(replace(DEFAULT_CONFIG, interface="lo"), logger)  # lo has no speed
+        state.resolve_plan(replace(DEFAULT_CONFIG, interface="lo"), logger)
     assert (plan.link_mbit, plan.link_source) == (FALLBACK_LINK_MBIT, "fallback")
     assert [entry["log_level"] for entry in logs] == ["warning"]  # once
     assert "link_speed_mbit" in logs[0]["event"]
@@ -148,7 +153,7 @@ def test_disabled_with_one_log_line() -> None:
     state = NetworkQoS()
     with structlog.testing.capture_logs() as logs:
         logger = structlog.get_logger()
-        assert state.start(DEFAULT_POLICY.network, logger) == []
+        assert state.start(DEFAULT_CONFIG, logger) == []
         assert state.classify(PodInfo("p", "ns", "u1"), QoSClass.BE, None, logger) is None
     assert not state.active
     assert [entry["event"] for entry in logs] == ["network QoS disabled: policy network.interface is empty"]
@@ -156,7 +161,9 @@ def test_disabled_with_one_log_line() -> None:
 
 def test_plugin_definition() -> None:
     plugin = network.plugin
-    assert plugin.name == "network" and plugin.policy_section == "network"
+    assert plugin.name == "network" and plugin.settings_spec is not None
+    assert plugin.settings_spec.keys() == ("interface", "link_speed_mbit", "LS", "BE", "SYSTEM")
+    assert plugin.state_factory is NetworkQoS
     assert plugin.hook_points == {
         HookPoint.PRE_CREATE_CONTAINER,
         HookPoint.POST_START_CONTAINER,
@@ -191,19 +198,18 @@ def test_pod_classid_written_on_the_pod_cgroup_and_below(tmp_path: Path) -> None
 def test_dry_run_touches_no_interface(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What ``runtime-hooks explain`` runs: no netlink at all (the interface does not even exist),
     classids only through the ``cgroups`` handle (which records them there)."""
-    monkeypatch.setattr(network, "STATE", NetworkQoS())
-    section = replace(DEFAULT_POLICY.network, interface="nosuch0", link_speed_mbit=100)
+    state = NetworkQoS()
+    section = NetworkSection(interface="nosuch0", link_speed_mbit=100)
+    given = {"section": section, "settings_for": DEFAULTS.for_class, "state": state, "dry_run": True}
     pod = PodInfo("p", "ns", "u1", sandbox_id="sb", cgroup_parent="/kubepods/besteffort/podu1")
     top = _fake_net_cls(tmp_path, pod, ["sb"])
     cgroups = CgroupFS(tmp_path, version=CgroupVersion.V1)
     logger = structlog.get_logger()
-    network._start(server=ServerContext(), policy_section=section, log=logger, dry_run=True)
-    asyncio.run(
-        network._classify(pod=pod, qos=QoSClass.BE, policy_section=section, cgroups=cgroups, log=logger, dry_run=True)
-    )
-    asyncio.run(network._forget(pod=pod, log=logger, dry_run=True))
-    assert network._reconcile(pods=[pod], policy_section=section, cgroups=cgroups, log=logger, dry_run=True) == 0
-    assert not network.STATE.active
+    network._start(server=ServerContext(), log=logger, **given)
+    asyncio.run(network._classify(pod=pod, qos=QoSClass.BE, cgroups=cgroups, log=logger, **given))
+    asyncio.run(network._forget(pod=pod, log=logger, **given))
+    assert network._reconcile(pods=[pod], cgroups=cgroups, log=logger, **given) == 0
+    assert not state.active
     assert int((top / "sb" / "net_cls.classid").read_text()) == BE
 
 
@@ -366,8 +372,8 @@ def _rates(shaper: Shaper, warmup: float, window: float) -> dict[int, float]:
     return {c: (after[c] - before.get(c, 0)) * 8 / elapsed / 1e6 for c in after}
 
 
-def _section(lab: Lab) -> NetworkPolicy:
-    return replace(DEFAULT_POLICY.network, interface=lab.uplink, link_speed_mbit=LINK_MBIT)
+def _section(lab: Lab) -> NetworkConfig:
+    return replace(DEFAULT_CONFIG, interface=lab.uplink, link_speed_mbit=LINK_MBIT)
 
 
 @needs_root
@@ -506,15 +512,14 @@ def test_idempotent_reapply_drift_repair_and_teardown(lab: Lab) -> None:
 
 
 @needs_root
-async def test_plugin_lifecycle_through_the_runner(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_plugin_lifecycle_through_the_runner(lab: Lab) -> None:
     """on_start / a hook call / reconcile / on_stop as the server runs them (sync handlers in threads)."""
-    monkeypatch.setattr(network, "STATE", NetworkQoS())
-    policy = replace(DEFAULT_POLICY, network=_section(lab))
+    policy = policy_from(f"network: {{interface: {lab.uplink}, link_speed_mbit: {LINK_MBIT}}}", network.plugin)
     context = ServerContext(cgroups=lab.cgroups, policy=lambda: policy, settings={"network_netns": lab.node})
     runner = PluginRunner([network.plugin], context=context)
     try:
         assert await runner.start() == []
-        state: Any = network.STATE
+        state: Any = runner.state_of("network")  # the one NetworkQoS of this runner
         assert state.active and state.shaper.snapshot().ours
         pod = replace(lab.pod_info("ls", "LS"), labels={"koordinator.sh/qosClass": "LS"})
         lab.spawn(lab.pod, lab.cgroup(pod, pod.sandbox_id), ["sleep", "60"])
@@ -523,7 +528,9 @@ async def test_plugin_lifecycle_through_the_runner(lab: Lab, monkeypatch: pytest
         assert result.applied == ["network"] and result.failures == []
         assert [f.address for f in state.shaper.snapshot().ip_filters] == ["10.99.1.2"]
         assert await runner.reconcile(pods=[pod]) == []
-        assert network._reconcile(pods=[pod], policy_section=policy.network, cgroups=lab.cgroups, log=LOG) == 0
+        loaded = policy.sections["network"]
+        given = {"section": loaded.common, "settings_for": loaded.for_class, "state": state}
+        assert network._reconcile(pods=[pod], cgroups=lab.cgroups, log=LOG, **given) == 0
         result = await runner.run(HookPoint.POST_STOP_POD_SANDBOX, pod=pod)
         assert result.failures == [] and state.shaper.snapshot().ip_filters == ()
         assert await runner.stop() == []

@@ -25,10 +25,11 @@ from runtimeproxy.hooks.plugins.resctrl import (
     plugin,
     stats,
 )
-from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy, loads_policy
+from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.resctrl import ResctrlInfo, l3_mask, mb_value
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, ServerContext
+from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, KubeQoS, make_fake_cgroup_v1, make_fake_cgroup_v2
 from runtimeproxy.hooks.testkit.resctrl import FakeResctrl, make_fake_resctrl
 from structlog.testing import capture_logs
@@ -37,7 +38,7 @@ START = HookPoint.POST_START_CONTAINER
 LSR, LS, BE = f"{GROUP_PREFIX}LSR", f"{GROUP_PREFIX}LS", f"{GROUP_PREFIX}BE"
 
 # BE gets [0, 30] of the ways (the default) and 55% bandwidth, stored as 60 (granularity 10).
-POLICY = loads_policy(
+POLICY = policy_from(
     "resctrl:\n  BE: {l3_percent_range: [0, 30], mb_percent: 55}\n  LS: {mb_percent: 80}\n  SYSTEM: {mb_percent: 80}\n"
 )
 
@@ -112,6 +113,9 @@ class Node:
         name = "cgroup.threads" if self.tree.version is CgroupVersion.V2 else "tasks"
         (self.tree.dir(pod.cgroup_parent, cid) / name).write_text("".join(f"{tid}\n" for tid in tids))
 
+    def stats(self) -> dict[str, int]:
+        return stats(self.runner.state_of("resctrl"))
+
     async def started(self, pod: PodInfo, container: ContainerInfo) -> None:
         result = await self.runner.run(START, pod=pod, container=container)
         assert result.failures == []
@@ -144,6 +148,11 @@ def make_node(tmp_path: Path, runners: list[PluginRunner]) -> Callable[..., Node
 # --- the plan -----------------------------------------------------------------------------------
 
 
+def settings_for(policy: Policy) -> Callable[[QoSClass], Any]:
+    assert plugin.settings_spec is not None
+    return policy.section(plugin.settings_spec).for_class
+
+
 def test_layouts_never_need_more_groups_than_there_is_room_for() -> None:
     for room in range(-1, 6):
         layout = group_layout(room)
@@ -160,23 +169,23 @@ def test_layouts_never_need_more_groups_than_there_is_room_for() -> None:
 
 
 def test_a_shared_group_gets_the_widest_of_its_classes_values() -> None:
-    policy = loads_policy(
+    policy = policy_from(
         "resctrl:\n  LSE: {l3_percent_range: [10, 60], mb_percent: 40}\n"
         "  LSR: {l3_percent_range: [20, 80], mb_percent: 70}\n"
     )
-    assert class_group_settings(policy.resctrl, (QoSClass.LSE, QoSClass.LSR)) == ((10, 80), 70, True)
-    assert class_group_settings(DEFAULT_POLICY.resctrl, (QoSClass.LS, QoSClass.SYSTEM)) == ((0, 100), 100, False)
+    assert class_group_settings(settings_for(policy), (QoSClass.LSE, QoSClass.LSR)) == ((10, 80), 70, True)
+    assert class_group_settings(settings_for(DEFAULT_POLICY), (QoSClass.LS, QoSClass.SYSTEM)) == ((0, 100), 100, False)
 
 
 def test_plan_lists_every_cache_id_and_notes_merges(tmp_path: Path) -> None:
     fake = make_fake_resctrl(tmp_path / "r", l3_ids=(0, 1, 2, 3), mb_ids=(0, 1, 2, 3))
     info = ResctrlInfo.from_root(fake.root)
-    plan = plan_groups(info, POLICY.resctrl, 3)
+    plan = plan_groups(info, settings_for(POLICY), 3)
     assert plan.notes == ()
     assert plan.group(BE).schemata == "L3:0=f;1=f;2=f;3=f\nMB:0=60;1=60;2=60;3=60\n"
     assert plan.group(LSR).schemata == "L3:0=7ff;1=7ff;2=7ff;3=7ff\nMB:0=100;1=100;2=100;3=100\n"
     assert plan.describe()["classes"] == {"LSE": LSR, "LSR": LSR, "LS": LS, "BE": BE, "SYSTEM": LS}
-    merged = plan_groups(info, POLICY.resctrl, 1)
+    merged = plan_groups(info, settings_for(POLICY), 1)
     assert [g.name for g in merged.groups] == [BE]
     assert merged.class_group[QoSClass.LS] is None
     assert "LSE, LSR, LS, SYSTEM stay in the root group" in merged.notes[0]
@@ -254,7 +263,7 @@ async def test_container_threads_join_their_class_group(
     sys_pod = node.pod("agent", "SYSTEM")
     await node.started(sys_pod, node.container(sys_pod, "c-sys", sys_tids))
     assert node.fake.tasks(LS) == sys_tids  # SYSTEM uses LS's group
-    assert stats()["tasks_moved"] == 6
+    assert node.stats()["tasks_moved"] == 6
 
 
 async def test_threads_in_cgroups_nested_below_the_container_are_found(
@@ -295,7 +304,7 @@ async def test_an_exited_thread_is_not_a_failure(make_node: Any, spawn: Callable
     pod = node.pod("p", "BE", "besteffort")
     await node.started(pod, node.container(pod, "c1", [proc.pid, *tids]))
     assert node.fake.tasks(BE) == tids
-    assert stats()["tasks_exited"] == 1
+    assert node.stats()["tasks_exited"] == 1
 
 
 # --- reconcile ----------------------------------------------------------------------------------
@@ -324,14 +333,14 @@ async def test_reconcile_repairs_drifted_schemata_and_moves_new_threads(
     assert fake.schemata(BE) == {"L3": {0: 0xF, 1: 0xF}, "MB": {0: 60, 1: 60}}
     assert fake.schemata_writes(BE)[-1] == b"L3:0=f;1=f\nMB:0=60;1=60\n"
     assert sorted(fake.tasks(BE)) == sorted(first + second)
-    assert stats() == {"schemata_repaired": 1, "tasks_moved": 3, "tasks_exited": 0, "task_failures": 0}
+    assert node.stats() == {"schemata_repaired": 1, "tasks_moved": 3, "tasks_exited": 0, "task_failures": 0}
     assert [e["event"] for e in logs if e["log_level"] == "info"] == ["resctrl group repaired", "resctrl reconciled"]
 
     # Nothing drifted: reconcile reads, writes nothing.
     writes = len(fake.writes)
     assert (await node.runner.reconcile_report(pods=[pod])).repaired == {"resctrl": 0}
     assert len(fake.writes) == writes
-    assert stats()["schemata_repaired"] == 1
+    assert node.stats()["schemata_repaired"] == 1
 
 
 async def test_reconcile_sweeps_the_whole_pod_and_a_missed_container(
@@ -354,13 +363,13 @@ async def test_reconcile_sweeps_the_whole_pod_and_a_missed_container(
 async def test_reconcile_follows_a_policy_change_and_recreates_a_removed_group(make_node: Any) -> None:
     node = make_node()
     await node.runner.start()
-    node.policy[0] = loads_policy("resctrl:\n  BE: {l3_percent_range: [0, 50], mb_percent: 30}\n")
+    node.policy[0] = policy_from("resctrl:\n  BE: {l3_percent_range: [0, 50], mb_percent: 30}\n")
     node.fake.rmdir(node.fake.root / LS)
     await node.runner.reconcile(pods=[])
     assert node.fake.schemata(BE) == {"L3": {0: 0x3F, 1: 0x3F}, "MB": {0: 30, 1: 30}}
     assert LS in node.fake.groups()
     assert node.fake.schemata(LS) == {"L3": {0: 0x7FF, 1: 0x7FF}, "MB": {0: 100, 1: 100}}
-    assert stats()["schemata_repaired"] == 2
+    assert node.stats()["schemata_repaired"] == 2
 
 
 async def test_pods_that_are_gone_leave_nothing_behind(make_node: Any, spawn: Callable[..., list[int]]) -> None:
@@ -372,7 +381,7 @@ async def test_pods_that_are_gone_leave_nothing_behind(make_node: Any, spawn: Ca
     assert await node.runner.reconcile(pods=[]) == []
     gone = PodInfo(name="gone", namespace="x", uid="u", cgroup_parent="/kubepods/besteffort/podnothere")
     assert await node.runner.reconcile(pods=[gone]) == []
-    assert not [name for name in vars(resctrl_plugin._state) if "pod" in name]  # nothing kept per pod
+    assert not [name for name in vars(node.runner.state_of("resctrl")) if "pod" in name]  # nothing kept per pod
 
 
 # --- CLOSID shortage ----------------------------------------------------------------------------
@@ -428,9 +437,8 @@ async def test_no_closid_left_disables_the_plugin_with_one_line(make_node: Any) 
 # --- without resctrl ----------------------------------------------------------------------------
 
 
-async def test_without_resctrl_the_plugin_disables_itself_with_one_log_line(
-    make_node: Any, spawn: Callable[..., list[int]]
-) -> None:
+async def test_without_resctrl_the_plugin_is_not_called(make_node: Any, spawn: Callable[..., list[int]]) -> None:
+    """It needs the resctrl handle: on a node without one the runner never calls it."""
     node = make_node(resctrl=False)
     pod = node.pod("p", "BE", "besteffort")
     container = node.container(pod, "c1", spawn())
@@ -438,9 +446,11 @@ async def test_without_resctrl_the_plugin_disables_itself_with_one_log_line(
         assert await node.runner.start() == []
         result = await node.runner.run(START, pod=pod, container=container)
         assert await node.runner.reconcile(pods=[pod]) == []
-    assert result.failures == [] and result.response.is_empty()
-    assert [(e["event"], e["reason"]) for e in logs] == [("resctrl plugin disabled", "resctrl is not mounted")]
-    assert resctrl_plugin.disabled_reason() == "resctrl is not mounted"
+    assert result.failures == [] and result.response.is_empty() and result.applied == []
+    assert result.skipped == {"resctrl": "needs resctrl, which this node lacks"}
+    assert [e for e in logs if e.get("plugin") == "resctrl" and e["log_level"] != "debug"] == []
+    assert node.stats()["schemata_repaired"] == 0
+    assert resctrl_plugin.disabled_reason(node.runner.state_of("resctrl")) == ""  # never set up
 
 
 async def test_a_host_without_usable_allocation_disables_it_too(tmp_path: Path) -> None:

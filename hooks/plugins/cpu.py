@@ -74,15 +74,16 @@ import json
 import math
 import re
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from ..cgroups import MAX_SHARES, MIN_SHARES, CgroupError, CgroupFS, CgroupUnsupported, CgroupVersion
-from ..policy import CPUClassPolicy, CPUPolicy
+from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, ResourceChanges, Resources, qos_of
+from ..settings import boolean, choice, integer, parsed_by
 from .cpuset import cpuset_from_annotations
 
 __all__ = [
@@ -91,14 +92,17 @@ __all__ = [
     "EXTENDED_RESOURCE_SPEC_ANNOTATION",
     "MAX_CFS_QUOTA_US",
     "MIN_CFS_QUOTA_US",
+    "BEQuotaSource",
     "BatchCPU",
+    "CPUSection",
+    "CPUSettings",
     "CpuContainerPlan",
     "CpuPodPlan",
+    "CpuState",
     "apply_container_burst",
     "apply_pod_plan",
     "batch_cpu_spec",
     "cfs_burst_us",
-    "drift_repaired_total",
     "ensure_pod_cgroup",
     "milli_cpu_to_quota",
     "milli_cpu_to_shares",
@@ -109,6 +113,53 @@ __all__ = [
     "reconcile_pods",
 ]
 
+BEQuotaSource = Literal["batch", "kubelet"]
+
+
+@dataclass(frozen=True)
+class CPUSettings:
+    """CPU settings of one class.
+
+    ``cfs_quota_enabled``: false runs the container with no CFS quota (-1).
+    ``cfs_burst_percent``: cpu.cfs_burst_us (v1) / cpu.max.burst (v2) as a percentage of the
+    cpu limit, 0 = off. ``cfs_quota_burst_percent``: the ceiling, as a percentage of the
+    limit, to which the reconciler may raise the quota while the node has CPU to spare, 100 =
+    never. ``cpu_idle``: cgroup cpu.idle. ``group_identity``: cpu.bvt_warp_ns (-1..2) on
+    kernels that have it.
+    """
+
+    cfs_quota_enabled: bool = field(metadata=parsed_by(boolean))
+    cfs_burst_percent: int = field(metadata=parsed_by(integer(0, 10000, "a percentage")))
+    cfs_quota_burst_percent: int = field(metadata=parsed_by(integer(100, None, "a percentage")))
+    cpu_idle: bool = field(metadata=parsed_by(boolean))
+    group_identity: int = field(metadata=parsed_by(integer(-1, 2)))
+
+
+@dataclass(frozen=True)
+class CPUSection:
+    """``be_quota_source``: "batch" sets a BE container's CFS quota from its kubernetes.io/batch-cpu
+    limit, "kubelet" keeps kubelet's."""
+
+    be_quota_source: BEQuotaSource = field(metadata=parsed_by(choice("batch", "kubelet")))
+
+
+class CpuState:
+    """The plugin's state in one server: how many pod-level values the reconciler put back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._drift_total = 0
+
+    def add_drift(self, repaired: int) -> None:
+        with self._lock:
+            self._drift_total += repaired
+
+    @property
+    def drift_repaired_total(self) -> int:
+        with self._lock:
+            return self._drift_total
+
+
 # Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
 plugin = Plugin(
     "cpu",
@@ -117,6 +168,11 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=1.0,
     description="CFS quota (BE from batch-cpu, none for pinned classes), CFS burst, cpu.idle and group identity",
+    settings=CPUSettings,
+    section=CPUSection,
+    defaults=builtin_defaults("cpu"),
+    state=CpuState,
+    needs=("cgroups",),
 )
 
 # koordinator-sh/koordinator apis/extension: AnnotationExtendedResourceSpec (NodeDomainPrefix +
@@ -382,8 +438,8 @@ def _effective_quota(planned: int | None, current: int | None, resources: Resour
 def plan_pod(
     pod: PodInfo,
     qos: QoSClass,
-    policy: CPUClassPolicy,
-    section: CPUPolicy,
+    policy: CPUSettings,
+    section: CPUSection,
     *,
     current_quota: int | None = None,
 ) -> CpuPodPlan:
@@ -434,8 +490,8 @@ def plan_container(
     pod: PodInfo,
     container: ContainerInfo,
     qos: QoSClass,
-    policy: CPUClassPolicy,
-    section: CPUPolicy,
+    policy: CPUSettings,
+    section: CPUSection,
     *,
     current_quota: int | None = None,
 ) -> CpuContainerPlan:
@@ -599,19 +655,17 @@ def apply_container_burst(
 
 # --- reconciling -----------------------------------------------------------------------------
 
-_drift_lock = threading.Lock()
-_drift_total = 0
 
-
-def drift_repaired_total() -> int:
-    """How many pod-level values the reconciler has put back since the process started."""
-    with _drift_lock:
-        return _drift_total
-
-
-def reconcile_pods(fs: CgroupFS, pods: Sequence[PodInfo], policy_for: Any, section: CPUPolicy, log: Any) -> int:
-    """Re-apply the pod-level plan to each pod's existing cgroup; how many values were repaired."""
-    global _drift_total
+def reconcile_pods(
+    fs: CgroupFS,
+    pods: Sequence[PodInfo],
+    settings_for: Callable[[QoSClass], CPUSettings],
+    section: CPUSection,
+    log: Any,
+    state: CpuState | None = None,
+) -> int:
+    """Re-apply the pod-level plan to each pod's existing cgroup; how many values were repaired
+    (also added to ``state``'s total)."""
     repaired = 0
     for pod in pods:
         if not pod.cgroup_parent:
@@ -620,10 +674,7 @@ def reconcile_pods(fs: CgroupFS, pods: Sequence[PodInfo], policy_for: Any, secti
             if not fs.exists(pod.cgroup_parent):
                 continue
             qos = qos_of(pod).qos_class
-            policy = policy_for(qos)
-            if not isinstance(policy, CPUClassPolicy):
-                continue
-            plan = plan_pod(pod, qos, policy, section, current_quota=_current_quota(fs, pod.cgroup_parent))
+            plan = plan_pod(pod, qos, settings_for(qos), section, current_quota=_current_quota(fs, pod.cgroup_parent))
             written = apply_pod_plan(fs, plan, log)
         except (OSError, CgroupError, ValueError) as exc:
             log.warning("cannot reconcile pod", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
@@ -631,8 +682,8 @@ def reconcile_pods(fs: CgroupFS, pods: Sequence[PodInfo], policy_for: Any, secti
         if written:
             log.info("repaired drifted cpu settings", pod=f"{pod.namespace}/{pod.name}", settings=written)
         repaired += len(written)
-    with _drift_lock:
-        _drift_total += repaired
+    if state is not None:
+        state.add_drift(repaired)
     return repaired
 
 
@@ -645,20 +696,20 @@ async def set_pod_cgroup(
     hook: HookPoint,
     pod: PodInfo,
     qos: QoSClass,
-    policy: CPUClassPolicy | None,
-    policy_section: CPUPolicy | None,
-    cgroups: CgroupFS | None,
+    settings: CPUSettings,
+    section: CPUSection,
+    cgroups: CgroupFS,
     log: Any,
     dry_run: bool = False,
     **kwargs: Any,
 ) -> None:
     """Write the pod-level values into the pod cgroup (creating it at PreRunPodSandbox if missing)."""
-    if cgroups is None or policy is None or policy_section is None or not pod.cgroup_parent:
+    if not pod.cgroup_parent:
         return
     if hook is HookPoint.PRE_RUN_POD_SANDBOX:
         ensure_pod_cgroup(cgroups, pod.cgroup_parent, log, dry_run=dry_run)
     current = _current_quota(cgroups, pod.cgroup_parent)
-    plan = plan_pod(pod, qos, policy, policy_section, current_quota=current)
+    plan = plan_pod(pod, qos, settings, section, current_quota=current)
     written = apply_pod_plan(cgroups, plan, log)
     if written:
         log.debug("pod cpu settings applied", settings=written, plan=plan.describe())
@@ -669,23 +720,20 @@ async def set_container_resources(
     *,
     hook: HookPoint,
     pod: PodInfo,
-    container: ContainerInfo | None,
+    container: ContainerInfo,
     qos: QoSClass,
-    policy: CPUClassPolicy | None,
-    policy_section: CPUPolicy | None,
+    settings: CPUSettings,
+    section: CPUSection,
     response: HookResponse,
-    cgroups: CgroupFS | None,
+    cgroups: CgroupFS,
     log: Any,
     **kwargs: Any,
 ) -> None:
     """Set the container's quota, period and shares in the response."""
-    if container is None or policy is None or policy_section is None:
-        return
-    plan = plan_container(pod, container, qos, policy, policy_section)
+    plan = plan_container(pod, container, qos, settings, section)
     plan.apply_to(response.resources)
     if (
         hook is HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
-        and cgroups is not None
         and container.id
         and pod.cgroup_parent
         and plan.cfs_burst is not None
@@ -697,21 +745,19 @@ async def set_container_resources(
 async def set_container_burst(
     *,
     pod: PodInfo,
-    container: ContainerInfo | None,
+    container: ContainerInfo,
     qos: QoSClass,
-    policy: CPUClassPolicy | None,
-    policy_section: CPUPolicy | None,
-    cgroups: CgroupFS | None,
+    settings: CPUSettings,
+    section: CPUSection,
+    cgroups: CgroupFS,
     log: Any,
     **kwargs: Any,
 ) -> None:
     """Write the container's CFS burst into its cgroup, where the kernel has the file."""
-    if cgroups is None or container is None or not container.id or not pod.cgroup_parent:
-        return
-    if policy is None or policy_section is None:
+    if not container.id or not pod.cgroup_parent:
         return
     current = _current_quota(cgroups, pod.cgroup_parent, container.id)
-    plan = plan_container(pod, container, qos, policy, policy_section, current_quota=current)
+    plan = plan_container(pod, container, qos, settings, section, current_quota=current)
     if plan.cfs_burst is not None:
         apply_container_burst(cgroups, pod.cgroup_parent, container.id, plan.cfs_burst, log)
 
@@ -720,16 +766,15 @@ async def set_container_burst(
 async def reconcile(
     *,
     pods: Sequence[PodInfo],
-    cgroups: CgroupFS | None,
-    policy_for: Any,
-    policy_section: CPUPolicy | None,
+    cgroups: CgroupFS,
+    settings_for: Callable[[QoSClass], CPUSettings],
+    section: CPUSection,
+    state: CpuState,
     log: Any,
     **kwargs: Any,
 ) -> int:
     """Re-apply the pod-level values of ``pods``; the number of drifted values repaired."""
-    if cgroups is None or policy_section is None:
-        return 0
-    return reconcile_pods(cgroups, pods, policy_for, policy_section, log)
+    return reconcile_pods(cgroups, pods, settings_for, section, log, state)
 
 
 def _pinned(annotations: Mapping[str, str]) -> bool:

@@ -23,25 +23,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from runtimeproxy.dispatch.limits import format_cpuset, parse_cpuset
 
 from ..cgroups import CgroupError, CgroupFS, CgroupVersion
 from ..podview import RESOURCE_STATUS_ANNOTATION
-from ..policy import CPUSetClassPolicy
+from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo
+from ..settings import boolean, parsed_by
 
 __all__ = [
     "RESOURCE_STATUS_ANNOTATION",
+    "CPUSetSettings",
     "CpusetPlan",
     "cpuset_from_annotations",
     "node_cpus",
     "plan_container",
     "plugin",
 ]
+
+
+@dataclass(frozen=True)
+class CPUSetSettings:
+    """``pinned``: the container runs on the cpuset assigned to its pod instead of the shared pool."""
+
+    pinned: bool = field(metadata=parsed_by(boolean))
+
 
 # Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
 plugin = Plugin(
@@ -51,6 +61,8 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=1.0,
     description="pins LSE and LSR containers to the cpuset koord-scheduler assigned to the pod",
+    settings=CPUSetSettings,
+    defaults=builtin_defaults("cpuset"),
 )
 
 # The root cgroup's effective CPUs, per version (v1: in the cpuset hierarchy).
@@ -105,7 +117,7 @@ class CpusetPlan:
         }
 
 
-def plan_container(pod: PodInfo, container: ContainerInfo, qos: QoSClass, policy: CPUSetClassPolicy) -> CpusetPlan:
+def plan_container(pod: PodInfo, container: ContainerInfo, qos: QoSClass, policy: CPUSetSettings) -> CpusetPlan:
     """The container's cpuset from the pod annotation when its class is pinned. Pure; ValueError
     for a malformed annotation (the handler logs it and skips)."""
     if not policy.pinned:
@@ -134,17 +146,17 @@ async def pin_container(
     pod: PodInfo,
     container: ContainerInfo | None,
     qos: QoSClass,
-    policy: CPUSetClassPolicy | None,
+    settings: CPUSetSettings,
     response: HookResponse,
     cgroups: CgroupFS | None,
     log: Any,
     **kwargs: Any,
 ) -> None:
     """Set cpuset_cpus for a pinned class's container; log and skip anything unusable."""
-    if container is None or policy is None or not policy.pinned:
+    if container is None or not settings.pinned:
         return
     try:
-        plan = plan_container(pod, container, qos, policy)
+        plan = plan_container(pod, container, qos, settings)
     except ValueError as exc:
         log.warning("cpuset annotation unusable; container left on the shared pool", error=str(exc))
         return

@@ -20,14 +20,14 @@ reconcile              the same values for every pod (resources known) and every
 Reconcile is what makes a policy change reach running containers, and sets back what someone
 else wrote. The plugin keeps no state: every value follows from the pod, container and policy.
 
-From the class's ``memory`` policy entry (``policy.MemoryClassPolicy``), with ``request`` and
+From the class's ``memory`` policy entry (:class:`MemorySettings`), with ``request`` and
 ``limit`` the memory request and limit of the container (or the pod's totals):
 
 * ``memory.min`` = request * ``min_percent`` / 100 and ``memory.low`` = request *
   ``low_percent`` / 100, Koordinator's formulas (``minLimitPercent``, ``lowLimitPercent``); low
   is raised to min if it would be below it (as Koordinator does).
 * ``memory.high`` = request + (limit - request) * ``throttling_percent`` / 100, the formula the
-  policy documents (``policy.MemoryClassPolicy``). NOTE: Koordinator's current code computes
+  policy documents (:class:`MemorySettings`). NOTE: Koordinator's current code computes
   the container's memory.high as limit * throttlingPercent / 100 (qosmanager
   cgreconcile ``calculateContainerResources``); with an unknown request (taken as 0, below)
   the two agree.
@@ -85,16 +85,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from ..cgroups import CgroupError, CgroupFS, CgroupUnsupported, CgroupVersion
-from ..policy import MemoryClassPolicy
+from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, Resources, qos_of
+from ..settings import choice, integer, parsed_by, percent
 
 __all__ = [
     "BATCH_MEMORY",
@@ -104,7 +105,9 @@ __all__ = [
     "ContainerSpec",
     "MemoryInputs",
     "MemoryPlan",
+    "MemorySettings",
     "Protection",
+    "V1SoftLimit",
     "apply_plan",
     "container_inputs",
     "container_plan",
@@ -119,6 +122,34 @@ __all__ = [
     "wmark_values",
 ]
 
+V1SoftLimit = Literal["unset", "request", "zero"]
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """Memory settings of one class (cgroup v2 unless said otherwise).
+
+    memory.min = request * ``min_percent`` / 100 and memory.low = request * ``low_percent`` /
+    100 (0 = off; low may not be below min); memory.high = request + (limit - request) *
+    ``throttling_percent`` / 100 (0 = off, "max"). ``wmark_ratio``, ``wmark_scale_permill``,
+    ``wmark_min_adj``: Anolis OS memcg async reclaim, written only where the files exist.
+    ``v1_soft_limit`` (cgroup v1): memory.soft_limit_in_bytes "unset", "request" or "zero".
+    """
+
+    min_percent: int = field(metadata=parsed_by(percent))
+    low_percent: int = field(metadata=parsed_by(percent))
+    throttling_percent: int = field(metadata=parsed_by(percent))
+    wmark_ratio: int = field(metadata=parsed_by(percent))
+    wmark_scale_permill: int = field(metadata=parsed_by(integer(1, 1000, "a per-mille value")))
+    wmark_min_adj: int = field(metadata=parsed_by(integer(-25, 50)))
+    v1_soft_limit: V1SoftLimit = field(metadata=parsed_by(choice("unset", "request", "zero")))
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.low_percent and self.low_percent < self.min_percent:
+            reason = f"{self.low_percent} is below min_percent ({self.min_percent}): memory.low < memory.min"
+            yield "low_percent", reason
+
+
 # Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
 plugin = Plugin(
     "memory",
@@ -127,6 +158,9 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=2.0,
     description="memory.min/low/high (v2) or soft limit (v1) per QoS class; BE containers OOM-killed first",
+    settings=MemorySettings,
+    defaults=builtin_defaults("memory"),
+    needs=("cgroups",),
 )
 
 #: Koordinator's annotation with a pod's extended-resource requests and limits, per container.
@@ -332,7 +366,7 @@ def _page_floor(value: int, page_size: int) -> int:
 
 
 def protection(
-    request: int | None, limit: int | None, policy: MemoryClassPolicy, page_size: int = PAGE_SIZE
+    request: int | None, limit: int | None, policy: MemorySettings, page_size: int = PAGE_SIZE
 ) -> Protection:
     """memory.min / low / high for a request and limit (None: unknown / unlimited); see the module doc."""
     if page_size <= 0:
@@ -367,7 +401,7 @@ def protection(
     return Protection(mem_min, mem_low, mem_high, tuple(notes))
 
 
-def soft_limit(request: int | None, policy: MemoryClassPolicy, page_size: int = PAGE_SIZE) -> int | None:
+def soft_limit(request: int | None, policy: MemorySettings, page_size: int = PAGE_SIZE) -> int | None:
     """cgroup v1 memory.soft_limit_in_bytes for ``v1_soft_limit`` (whole pages, as the kernel
     keeps it); None leaves the file alone."""
     if policy.v1_soft_limit == "zero":
@@ -377,7 +411,7 @@ def soft_limit(request: int | None, policy: MemoryClassPolicy, page_size: int = 
     return None
 
 
-def wmark_values(policy: MemoryClassPolicy) -> dict[str, int]:
+def wmark_values(policy: MemorySettings) -> dict[str, int]:
     """The Alibaba Cloud Linux memcg watermark settings (setting name of cgroups.FILES -> value)."""
     return {
         "memory.wmark_ratio": policy.wmark_ratio,
@@ -442,7 +476,7 @@ class MemoryPlan:
 def _plan(
     level: Level,
     qos: QoSClass,
-    policy: MemoryClassPolicy,
+    policy: MemorySettings,
     version: CgroupVersion,
     inputs: MemoryInputs,
     page_size: int,
@@ -462,7 +496,7 @@ def _plan(
 
 def container_plan(
     qos: QoSClass,
-    policy: MemoryClassPolicy,
+    policy: MemorySettings,
     pod: PodInfo,
     container: ContainerInfo,
     version: CgroupVersion,
@@ -473,7 +507,7 @@ def container_plan(
 
 
 def pod_plan(
-    qos: QoSClass, policy: MemoryClassPolicy, pod: PodInfo, version: CgroupVersion, page_size: int = PAGE_SIZE
+    qos: QoSClass, policy: MemorySettings, pod: PodInfo, version: CgroupVersion, page_size: int = PAGE_SIZE
 ) -> MemoryPlan:
     """What PreRunPodSandbox writes to the pod's cgroup."""
     return _plan("pod", qos, policy, version, pod_inputs(qos, pod), page_size)
@@ -560,26 +594,22 @@ async def pod_memory(
     *,
     pod: PodInfo,
     qos: QoSClass,
-    policy: MemoryClassPolicy | None,
-    cgroups: CgroupFS | None,
+    settings: MemorySettings,
+    cgroups: CgroupFS,
     log: Any,
     **kwargs: Any,
 ) -> None:
-    if policy is None or cgroups is None or pod.resources is None or not pod.cgroup_parent:
+    if pod.resources is None or not pod.cgroup_parent:
         return
     try:
-        plan = pod_plan(qos, policy, pod, cgroups.version)
+        plan = pod_plan(qos, settings, pod, cgroups.version)
         _apply(cgroups, plan, pod.cgroup_parent, None, log)
     except CgroupError as exc:  # not a cgroup mount, or a parent we refuse to touch
         log.warning("pod memory settings not written", error=str(exc))
 
 
 @plugin.on(HookPoint.PRE_CREATE_CONTAINER)
-async def container_oom(
-    *, container: ContainerInfo | None, qos: QoSClass, response: HookResponse, **kwargs: Any
-) -> None:
-    if container is None:
-        return
+async def container_oom(*, container: ContainerInfo, qos: QoSClass, response: HookResponse, **kwargs: Any) -> None:
     current = container.resources.oom_score_adj if container.resources is not None else 0
     target = oom_score_adj(qos, current)
     if target is not None:
@@ -590,17 +620,17 @@ async def container_oom(
 async def container_memory(
     *,
     pod: PodInfo,
-    container: ContainerInfo | None,
+    container: ContainerInfo,
     qos: QoSClass,
-    policy: MemoryClassPolicy | None,
-    cgroups: CgroupFS | None,
+    settings: MemorySettings,
+    cgroups: CgroupFS,
     log: Any,
     **kwargs: Any,
 ) -> None:
-    if policy is None or cgroups is None or container is None or not container.id or not pod.cgroup_parent:
+    if not container.id or not pod.cgroup_parent:
         return
     try:
-        plan = container_plan(qos, policy, pod, container, cgroups.version)
+        plan = container_plan(qos, settings, pod, container, cgroups.version)
         _apply(cgroups, plan, pod.cgroup_parent, container.id, log)
     except CgroupError as exc:
         log.warning("container memory settings not written", error=str(exc))
@@ -610,24 +640,20 @@ async def container_memory(
 async def reconcile(
     *,
     pods: Sequence[PodInfo],
-    cgroups: CgroupFS | None,
-    policy_for: Callable[[QoSClass], Any],
+    cgroups: CgroupFS,
+    settings_for: Callable[[QoSClass], MemorySettings],
     log: Any,
     containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
     **kwargs: Any,
 ) -> int:
     """Set back what drifted from the current policy: each pod's cgroup (when its resources are
     known) and its containers' (``containers``, by sandbox id). Returns the files rewritten."""
-    if cgroups is None:
-        return 0
     repaired = 0
     for pod in pods:
         if not pod.cgroup_parent:
             continue
         qos = qos_of(pod).qos_class
-        policy = policy_for(qos)
-        if not isinstance(policy, MemoryClassPolicy):
-            continue
+        policy = settings_for(qos)
         try:
             if pod.resources is not None:
                 plan = pod_plan(qos, policy, pod, cgroups.version)

@@ -78,25 +78,30 @@ import struct
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
 from .. import policy as policy_mod
 from ..cgroups import CgroupError, CgroupFS, parent_path
-from ..policy import NETWORK_BANDS, NetworkPolicy
 from ..qos import QoSClass
 from ..sdk import HookPoint, Plugin, PodInfo, qos_of
+from ..settings import Invalid, SectionSettings, SettingsSpec, integer, parsed_by, show
 
 __all__ = [
     "BANDS",
     "CGROUP_FILTER_NAME",
     "DEFAULT_BAND",
     "FALLBACK_LINK_MBIT",
+    "NETWORK_BANDS",
     "ClassPlan",
     "IPFilter",
+    "NetworkBandSettings",
+    "NetworkConfig",
     "NetworkQoS",
+    "NetworkSection",
     "Shaper",
     "TcSnapshot",
     "TreePlan",
@@ -107,6 +112,7 @@ __all__ = [
     "format_handle",
     "link_speed_mbit",
     "main",
+    "network_config",
     "plan_tree",
     "plugin",
     "run_in_netns",
@@ -115,6 +121,87 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+# --- settings ------------------------------------------------------------------------------------
+
+_IFNAMSIZ: Final = 16  # linux/if.h, with the terminating NUL
+
+
+def _interface(value: object, path: str) -> str:
+    """A network interface name as the kernel accepts it (dev_valid_name), or "" for none."""
+    if not isinstance(value, str):
+        raise Invalid(path, f'must be an interface name (a string, "" for none), got {show(value)}')
+    if value == "":
+        return value
+    if (
+        len(value.encode()) >= _IFNAMSIZ
+        or value in (".", "..")
+        or any(char in "/:" or char.isspace() or not char.isprintable() for char in value)
+    ):
+        reason = "at most 15 bytes, no '/', ':', space or control character"
+        raise Invalid(path, f"{show(value)} is not a valid interface name ({reason})")
+    return value
+
+
+@dataclass(frozen=True)
+class NetworkBandSettings:
+    """One egress band: guaranteed ``rate_percent`` and ``ceil_percent`` of the link speed, HTB ``priority``."""
+
+    rate_percent: int = field(metadata=parsed_by(integer(1, 100, "a percentage")))
+    ceil_percent: int = field(metadata=parsed_by(integer(1, 100, "a percentage")))
+    priority: int = field(metadata=parsed_by(integer(0, 7)))
+
+    def problems(self) -> Iterator[tuple[str, str]]:
+        if self.rate_percent > self.ceil_percent:
+            yield "rate_percent", f"{self.rate_percent} is above ceil_percent ({self.ceil_percent})"
+
+
+@dataclass(frozen=True)
+class NetworkSection:
+    """``interface``: the shaped interface, "" = network QoS off. ``link_speed_mbit``: its speed,
+    0 = read /sys/class/net/<interface>/speed."""
+
+    interface: str = field(metadata=parsed_by(_interface))
+    link_speed_mbit: int = field(metadata=parsed_by(integer(0)))
+
+
+# The network band of each class, as Koordinator's tc plugin groups them (GetPodNetQoSClassByName).
+NETWORK_BANDS: Final[Mapping[QoSClass, QoSClass]] = MappingProxyType(
+    {
+        QoSClass.LSE: QoSClass.LS,
+        QoSClass.LSR: QoSClass.LS,
+        QoSClass.LS: QoSClass.LS,
+        QoSClass.BE: QoSClass.BE,
+        QoSClass.SYSTEM: QoSClass.SYSTEM,
+    }
+)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The whole ``network`` section as the shaper uses it: the interface, its speed and the bands."""
+
+    interface: str
+    link_speed_mbit: int
+    SYSTEM: NetworkBandSettings
+    LS: NetworkBandSettings
+    BE: NetworkBandSettings
+
+
+def network_config(section: NetworkSection, settings_for: Callable[[QoSClass], NetworkBandSettings]) -> NetworkConfig:
+    """The config from the handlers' ``section`` and ``settings_for``."""
+    bands = {band.value: settings_for(band) for band in (QoSClass.SYSTEM, QoSClass.LS, QoSClass.BE)}
+    return NetworkConfig(section.interface, section.link_speed_mbit, **bands)
+
+
+def _check_rates(section: SectionSettings) -> Iterator[tuple[str, str]]:
+    """The bands' guaranteed rates must fit in the link together."""
+    rates = {name: entry.rate_percent for name, entry in section.entries.items()}
+    total = sum(rates.values())
+    if total > 100:
+        listed = " + ".join(f"{name} {rate}" for name, rate in rates.items())
+        yield "", f"the bands' rate_percent add up to {total} ({listed}), more than 100"
+
 
 # --- the plan (pure) ---------------------------------------------------------------------------
 
@@ -220,13 +307,13 @@ class TreePlan:
         raise KeyError(name)
 
 
-def plan_tree(section: NetworkPolicy, link_mbit: int, link_source: str = "policy") -> TreePlan:
+def plan_tree(section: NetworkConfig, link_mbit: int, link_source: str = "policy") -> TreePlan:
     """The HTB tree for ``section`` on a ``link_mbit`` link."""
     link = link_mbit * _MBIT_BYTES
     parent = ClassPlan("link", PARENT_CLASSID, ROOT_HANDLE, link, link, 0, _quantum(link))
     bands = []
     for band in BANDS:
-        entry: policy_mod.NetworkBandPolicy = getattr(section, band.value)
+        entry: NetworkBandSettings = getattr(section, band.value)
         rate, ceil = band_rates(link_mbit, entry.rate_percent, entry.ceil_percent)
         bands.append(
             ClassPlan(band.value, band_classid(band), PARENT_CLASSID, rate, ceil, entry.priority, _quantum(rate))
@@ -263,13 +350,13 @@ def tc_commands(plan: TreePlan) -> list[str]:
     return lines
 
 
-def explain(section: NetworkPolicy, link_mbit: int | None = None) -> dict[str, Any]:
+def explain(section: NetworkConfig, link_mbit: int | None = None) -> dict[str, Any]:
     """What the plugin would do with ``section``, as plain data. ``link_mbit`` overrides the policy's
     speed; with neither, rates are shown as percentages only (the speed is read at run time)."""
     speed = link_mbit if link_mbit else section.link_speed_mbit
     bands = []
     for band in BANDS:
-        entry: policy_mod.NetworkBandPolicy = getattr(section, band.value)
+        entry: NetworkBandSettings = getattr(section, band.value)
         item: dict[str, Any] = {
             "band": band.value,
             "classes": sorted(qos.value for qos, use in NETWORK_BANDS.items() if use is band),
@@ -873,7 +960,7 @@ class NetworkQoS:
             self._warned.add(key)
             logger.warning(message, **fields)
 
-    def resolve_plan(self, section: NetworkPolicy, logger: Any) -> TreePlan:
+    def resolve_plan(self, section: NetworkConfig, logger: Any) -> TreePlan:
         if section.link_speed_mbit:
             return plan_tree(section, section.link_speed_mbit, "policy")
         speed = link_speed_mbit(section.interface, self.netns)
@@ -889,7 +976,7 @@ class NetworkQoS:
         )
         return plan_tree(section, FALLBACK_LINK_MBIT, "fallback")
 
-    def start(self, section: NetworkPolicy, logger: Any, *, netns: str | None = None) -> list[str]:
+    def start(self, section: NetworkConfig, logger: Any, *, netns: str | None = None) -> list[str]:
         """Set up the tree for ``section`` (a no-op with one log line when its interface is "")."""
         with self._lock:
             self.netns = netns
@@ -903,7 +990,7 @@ class NetworkQoS:
                 self.shaper, self.plan = None, None
                 raise
 
-    def _apply_tree(self, section: NetworkPolicy, logger: Any, *, startup: bool = False) -> list[str]:
+    def _apply_tree(self, section: NetworkConfig, logger: Any, *, startup: bool = False) -> list[str]:
         if self.shaper is not None and self.shaper.interface != section.interface:
             old = self.shaper
             removed = old.teardown()
@@ -1009,7 +1096,7 @@ class NetworkQoS:
             logger.info("pod address filters removed", pod_uid=pod.uid, changes=changes)
 
     def reconcile(
-        self, pods: Sequence[PodInfo], section: NetworkPolicy, cgroups: CgroupFS | None, logger: Any
+        self, pods: Sequence[PodInfo], section: NetworkConfig, cgroups: CgroupFS | None, logger: Any
     ) -> Counter[str]:
         """Re-check the tree and every pod's classification against ``section``; the drift found
         this time, by kind (also added to ``drift``)."""
@@ -1043,8 +1130,6 @@ class NetworkQoS:
             return found
 
 
-STATE = NetworkQoS()
-
 plugin = Plugin(
     "network",
     version="1.0",
@@ -1052,7 +1137,16 @@ plugin = Plugin(
     failure_policy="ignore",
     timeout=5.0,
     description="Egress bandwidth bands (SYSTEM/LS/BE) with HTB; pods classified by net_cls classid and address",
+    settings=NetworkBandSettings,
+    section=NetworkSection,
+    class_entry={qos.value: band.value for qos, band in NETWORK_BANDS.items()},
+    defaults=policy_mod.builtin_defaults("network"),
+    check=_check_rates,
+    state=NetworkQoS,
 )
+assert plugin.settings_spec is not None
+_SPEC: Final[SettingsSpec] = plugin.settings_spec
+BandsFor = Callable[[QoSClass], NetworkBandSettings]
 
 
 # In a dry run (``runtime-hooks explain``) nothing goes through netlink: on_start describes the
@@ -1060,22 +1154,31 @@ plugin = Plugin(
 
 
 @plugin.on_start
-def _start(*, server: Any, policy_section: NetworkPolicy, log: Any, dry_run: bool = False, **kwargs: Any) -> None:
+def _start(
+    *,
+    server: Any,
+    section: NetworkSection,
+    settings_for: BandsFor,
+    state: NetworkQoS,
+    log: Any,
+    dry_run: bool = False,
+    **kwargs: Any,
+) -> None:
+    config = network_config(section, settings_for)
     if dry_run:
-        info = explain(policy_section)
+        info = explain(config)
         log.info(
             "network: tree the policy asks for (dry run)", **{k: info[k] for k in ("enabled", "interface", "root")}
         )
         return
     netns = server.settings.get("network_netns") if server is not None else None
-    STATE.start(policy_section, log, netns=netns or None)
+    state.start(config, log, netns=netns or None)
 
 
 @plugin.on_stop
-def _stop(*, log: Any, **kwargs: Any) -> None:
-    if STATE.active:
-        assert STATE.shaper is not None
-        log.info("leaving the network QoS tree in place", interface=STATE.shaper.interface)
+def _stop(*, state: NetworkQoS, log: Any, **kwargs: Any) -> None:
+    if state.shaper is not None:
+        log.info("leaving the network QoS tree in place", interface=state.shaper.interface)
 
 
 # The hook handlers are async so that, with shaping off (no interface in the policy), a call
@@ -1088,31 +1191,34 @@ async def _classify(
     *,
     pod: PodInfo,
     qos: QoSClass,
-    policy_section: NetworkPolicy,
+    section: NetworkSection,
+    state: NetworkQoS,
     cgroups: CgroupFS | None,
     log: Any,
     dry_run: bool = False,
     **kwargs: Any,
 ) -> None:
     if dry_run:
-        if policy_section.interface:
+        if section.interface:
             NetworkQoS.rehearse(pod, qos, cgroups, log)
         return
-    if STATE.shaper is not None:
-        await asyncio.to_thread(STATE.classify, pod, qos, cgroups, log)
+    if state.shaper is not None:
+        await asyncio.to_thread(state.classify, pod, qos, cgroups, log)
 
 
 @plugin.on(HookPoint.POST_STOP_POD_SANDBOX)
-async def _forget(*, pod: PodInfo, log: Any, dry_run: bool = False, **kwargs: Any) -> None:
-    if not dry_run and STATE.shaper is not None:
-        await asyncio.to_thread(STATE.forget, pod, log)
+async def _forget(*, pod: PodInfo, state: NetworkQoS, log: Any, dry_run: bool = False, **kwargs: Any) -> None:
+    if not dry_run and state.shaper is not None:
+        await asyncio.to_thread(state.forget, pod, log)
 
 
 @plugin.reconcile
 def _reconcile(
     *,
     pods: Sequence[PodInfo],
-    policy_section: NetworkPolicy,
+    section: NetworkSection,
+    settings_for: BandsFor,
+    state: NetworkQoS,
     cgroups: CgroupFS | None,
     log: Any,
     dry_run: bool = False,
@@ -1121,36 +1227,36 @@ def _reconcile(
     """The number of drifted things set back (tree parts, classid files, address filters)."""
     if dry_run:
         return 0
-    return sum(STATE.reconcile(pods, policy_section, cgroups, log).values())
+    return sum(state.reconcile(pods, network_config(section, settings_for), cgroups, log).values())
 
 
 # --- tear-down and the command line ------------------------------------------------------------------
 
 
-def teardown(interface: str, netns: str | None = None) -> bool:
+def teardown(interface: str, netns: str | None = None, state: NetworkQoS | None = None) -> bool:
     """Remove the plugin's tree from ``interface`` (its root qdisc, with all classes and filters).
-    Leaves any other root qdisc alone; True if the tree was there."""
+    Leaves any other root qdisc alone; True if the tree was there. ``state``: the plugin's state
+    in a running server, which then forgets the tree."""
     removed = Shaper(interface, netns).teardown()
-    with STATE._lock:
-        if STATE.shaper is not None and STATE.shaper.interface == interface and STATE.shaper.netns == netns:
-            STATE.shaper, STATE.plan = None, None
-            STATE.pods.clear()
+    if state is not None:
+        with state._lock:
+            if state.shaper is not None and state.shaper.interface == interface and state.shaper.netns == netns:
+                state.shaper, state.plan = None, None
+                state.pods.clear()
     return removed
 
 
-def _section(policy_file: str | None, interface: str | None, link_mbit: int | None) -> NetworkPolicy:
-    policy = policy_mod.load_policy(policy_file) if policy_file else policy_mod.DEFAULT_POLICY
-    section = policy.network
+def _section(policy_file: str | None, interface: str | None, link_mbit: int | None) -> NetworkConfig:
+    specs = {plugin.name: _SPEC}
+    policy = policy_mod.load_policy(policy_file, specs=specs) if policy_file else policy_mod.default_policy(specs)
+    loaded = policy.section(_SPEC)
+    config = network_config(loaded.common, loaded.for_class)
     changes: dict[str, Any] = {}
     if interface is not None:
         changes["interface"] = interface
     if link_mbit is not None:
         changes["link_speed_mbit"] = link_mbit
-    if changes:
-        from dataclasses import replace
-
-        section = replace(section, **changes)
-    return section
+    return replace(config, **changes) if changes else config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,10 +34,12 @@ room for fewer than three it merges, logging the merge once at start:
 Groups named ``rtpx-*`` left over from an earlier run that the current layout does not use
 are removed (their tasks go back to the root group) so that they hold no CLOSID.
 
-**Without resctrl** -- no ``resctrl`` handle (``--resctrl-root`` not mounted), no allocation
-resource the plugin can use (no L3 CAT and no percent-based MBA: AMD bandwidth units or an
-``mba_MBps`` mount), or no CLOSID left -- the plugin logs ONE line saying why and does nothing
-afterwards. Only L3 or only MB is fine: the other line is left out.
+**Without resctrl** -- no ``resctrl`` handle (``--resctrl-root`` not mounted): the plugin
+``needs=("resctrl",)``, so it is not called at all. No allocation resource the plugin can use
+(no L3 CAT and no percent-based MBA: AMD bandwidth units or an ``mba_MBps`` mount), or no
+CLOSID left: the plugin logs ONE line saying why and does nothing afterwards. Only L3 or only
+MB is fine: the other line is left out. Its state (``ResctrlState``, one per server: the
+controller and counters) comes as ``state`` to every handler.
 
 **PostStartContainer**: every thread of the new container joins its class's group. The
 kernel moves the *thread* whose id is written, so the ids come from the container cgroup's
@@ -70,14 +72,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
 from ..cgroups import CgroupError, CgroupFS, CgroupVersion
-from ..policy import ResctrlPolicy
+from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..resctrl import (
     ResctrlError,
@@ -88,6 +89,7 @@ from ..resctrl import (
     schemata_lines,
 )
 from ..sdk import ContainerInfo, HookPoint, Plugin, PodInfo, qos_of
+from ..settings import integer, parsed_by, percent_range
 
 __all__ = [
     "GROUP_PREFIX",
@@ -95,6 +97,8 @@ __all__ = [
     "GroupPlan",
     "ReconcileReport",
     "ResctrlPlan",
+    "ResctrlSettings",
+    "ResctrlState",
     "cgroup_threads",
     "class_group_settings",
     "disabled_reason",
@@ -106,15 +110,18 @@ __all__ = [
     "usable_resources",
 ]
 
-# Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
-plugin = Plugin(
-    "resctrl",
-    version="1.0",
-    order=40,
-    failure_policy="ignore",
-    timeout=5.0,
-    description="L3 cache ways and memory bandwidth per QoS class through resctrl groups",
-)
+
+@dataclass(frozen=True)
+class ResctrlSettings:
+    """``l3_percent_range``: (start, end) of the L3 cache ways the class may fill, in percent
+    (CAT), start < end. ``mb_percent``: its memory bandwidth ceiling (MBA), 1..100."""
+
+    l3_percent_range: tuple[int, int] = field(metadata=parsed_by(percent_range))
+    mb_percent: int = field(metadata=parsed_by(integer(1, 100, "a percentage")))
+
+
+#: A class's settings, as handlers get them (``settings_for``).
+SettingsFor = Callable[[QoSClass], ResctrlSettings]
 
 #: Every group this plugin creates is named with this prefix; other groups are never touched.
 GROUP_PREFIX: Final = "rtpx-"
@@ -151,10 +158,10 @@ def group_layout(room: int) -> _Layout:
     return LAYOUTS[max(0, min(room, 3))]
 
 
-def class_group_settings(section: ResctrlPolicy, classes: Iterable[QoSClass]) -> tuple[tuple[int, int], int, bool]:
+def class_group_settings(settings_for: SettingsFor, classes: Iterable[QoSClass]) -> tuple[tuple[int, int], int, bool]:
     """The (l3 percent range, mb percent) of a group holding ``classes``: the widest of their
     policy entries. The third value says whether the entries differed (so widening happened)."""
-    entries = [getattr(section, QoSClass(qos).value) for qos in classes]
+    entries = [settings_for(QoSClass(qos)) for qos in classes]
     if not entries:
         raise ValueError("a group needs at least one class")
     start = min(entry.l3_percent_range[0] for entry in entries)
@@ -225,8 +232,9 @@ class ResctrlPlan:
         }
 
 
-def plan_groups(info: ResctrlInfo, section: ResctrlPolicy, room: int) -> ResctrlPlan:
-    """The groups for ``room`` free CLOSIDs on a mount described by ``info``, with ``section``'s values.
+def plan_groups(info: ResctrlInfo, settings_for: SettingsFor, room: int) -> ResctrlPlan:
+    """The groups for ``room`` free CLOSIDs on a mount described by ``info``, with each class's
+    settings from ``settings_for``.
 
     Raises ResctrlUnsupported (via schemata_lines) only for a resource ``info`` says it lacks,
     which usable_resources rules out first; returns a plan without groups when neither L3 nor
@@ -247,7 +255,7 @@ def plan_groups(info: ResctrlInfo, section: ResctrlPolicy, room: int) -> Resctrl
         )
     groups: list[GroupPlan] = []
     for name, classes in layout:
-        l3_range, mb, differ = class_group_settings(section, classes)
+        l3_range, mb, differ = class_group_settings(settings_for, classes)
         if differ:
             notes.append(f"{name}: its classes' policies differ; it gets the widest (L3 {l3_range}, MB {mb}%)")
         text = schemata_lines(info, l3_range if use_l3 else None, mb if use_mb else None)
@@ -350,8 +358,8 @@ class _Controller:
     def group_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.layout)
 
-    def plan(self, section: ResctrlPolicy) -> ResctrlPlan:
-        return plan_groups(self.info, section, self.room)
+    def plan(self, settings_for: SettingsFor) -> ResctrlPlan:
+        return plan_groups(self.info, settings_for, self.room)
 
     def group_for(self, qos: QoSClass) -> str | None:
         for name, classes in self.layout:
@@ -413,49 +421,42 @@ class _Controller:
         return len(result.moved), len(result.exited)
 
 
-@dataclass
-class _Entry:
-    """The plugin's state for one resctrl handle: its controller, or why there is none."""
-
-    controller: _Controller | None
-    disabled_reason: str
-
-
-class _State:
-    """The plugin's state per resctrl handle (``None``: no resctrl), set up on first use.
-
-    Keyed by the handle so that a rehearsal (``runtime-hooks explain``, with its dry-run handle)
-    never disturbs a server's groups in the same process. Nothing is kept per pod.
-    """
+class ResctrlState:
+    """The plugin's state in one server: its controller, set up on first use (on_start, or the
+    first call), or why there is none. Nothing is kept per pod."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: weakref.WeakKeyDictionary[ResctrlFS, _Entry] = weakref.WeakKeyDictionary()
-        self.without: _Entry | None = None  # for resctrl=None
-        self.last: _Entry | None = None
+        self.ready = False
+        self.controller: _Controller | None = None
+        self.disabled_reason = ""
 
-    def reset(self, resctrl: ResctrlFS | None) -> None:
+    def reset(self) -> None:
         with self.lock:
-            if resctrl is None:
-                self.without = None
-            else:
-                self.entries.pop(resctrl, None)
+            self.ready, self.controller, self.disabled_reason = False, None, ""
 
-    def ensure(self, resctrl: ResctrlFS | None, section: ResctrlPolicy | None, log: Any) -> _Controller | None:
-        """The controller for ``resctrl``, set up on first use (on_start, or the first call without one)."""
+    def ensure(self, resctrl: ResctrlFS, settings_for: SettingsFor, log: Any) -> _Controller | None:
+        """The controller, set up on first use."""
         with self.lock:
-            entry = self.without if resctrl is None else self.entries.get(resctrl)
-            if entry is None:
-                entry = _Entry(*_setup(resctrl, section, log))
-                if resctrl is None:
-                    self.without = entry
-                else:
-                    self.entries[resctrl] = entry
-                self.last = entry
-            return entry.controller
+            if not self.ready:
+                self.controller, self.disabled_reason = _setup(resctrl, settings_for, log)
+                self.ready = True
+            return self.controller
 
 
-_state = _State()
+# Its handlers only read and write cgroup/resctrl files: async def, run on the loop (no thread hand-off).
+plugin = Plugin(
+    "resctrl",
+    version="1.0",
+    order=40,
+    failure_policy="ignore",
+    timeout=5.0,
+    description="L3 cache ways and memory bandwidth per QoS class through resctrl groups",
+    settings=ResctrlSettings,
+    defaults=builtin_defaults("resctrl"),
+    state=ResctrlState,
+    needs=("resctrl",),
+)
 
 
 def _disabled(log: Any, reason: str) -> tuple[None, str]:
@@ -463,11 +464,9 @@ def _disabled(log: Any, reason: str) -> tuple[None, str]:
     return None, reason
 
 
-def _setup(resctrl: ResctrlFS | None, section: ResctrlPolicy | None, log: Any) -> tuple[_Controller | None, str]:
-    if resctrl is None or not resctrl.available():
+def _setup(resctrl: ResctrlFS, settings_for: SettingsFor, log: Any) -> tuple[_Controller | None, str]:
+    if not resctrl.available():
         return _disabled(log, "resctrl is not mounted")
-    if section is None:
-        return _disabled(log, "no resctrl policy section")
     try:
         info = resctrl.info(refresh=True)
         existing = resctrl.groups()
@@ -482,7 +481,7 @@ def _setup(resctrl: ResctrlFS | None, section: ResctrlPolicy | None, log: Any) -
         detail = f"{', '.join(foreign)} hold the rest" if foreign else "the root group holds the only one"
         return _disabled(log, f"no CLOSID left: {info.num_closids} CLOSID(s), {detail}")
     controller = _Controller(resctrl, info, room)
-    plan = controller.plan(section)
+    plan = controller.plan(settings_for)
     wanted = set(controller.group_names)
     try:
         for name in existing:
@@ -502,51 +501,50 @@ def _setup(resctrl: ResctrlFS | None, section: ResctrlPolicy | None, log: Any) -
     return controller, ""
 
 
-def stats(resctrl: ResctrlFS | None = None) -> dict[str, int]:
-    """Counters since the plugin started on ``resctrl`` (default: the handle set up last):
+def stats(state: ResctrlState) -> dict[str, int]:
+    """Counters since the plugin started (``state``: its state in the server):
     schemata_repaired (groups re-created or rewritten), tasks_moved, tasks_exited, task_failures."""
-    entry = _state.last if resctrl is None else _state.entries.get(resctrl)
-    controller = entry.controller if entry is not None else None
+    controller = state.controller
     if controller is None:
         return {"schemata_repaired": 0, "tasks_moved": 0, "tasks_exited": 0, "task_failures": 0}
     with controller.lock:
         return dict(controller.counters)
 
 
-def disabled_reason(resctrl: ResctrlFS | None = None) -> str:
-    """Why the plugin does nothing on ``resctrl`` (default: the handle set up last); "" when it works."""
-    entry = _state.last if resctrl is None else _state.entries.get(resctrl)
-    return entry.disabled_reason if entry is not None else ""
+def disabled_reason(state: ResctrlState) -> str:
+    """Why the plugin does nothing (``state``: its state in the server); "" when it works or has not started."""
+    return state.disabled_reason
 
 
 # --- handlers -----------------------------------------------------------------------------------
 
 
 @plugin.on_start
-async def start(*, resctrl: ResctrlFS | None, policy_section: ResctrlPolicy | None, log: Any, **kwargs: Any) -> None:
-    _state.reset(resctrl)
-    _state.ensure(resctrl, policy_section, log)
+async def start(*, resctrl: ResctrlFS, settings_for: SettingsFor, state: ResctrlState, log: Any, **kwargs: Any) -> None:
+    state.reset()
+    state.ensure(resctrl, settings_for, log)
 
 
 @plugin.on_stop
-async def stop(*, resctrl: ResctrlFS | None, **kwargs: Any) -> None:
-    _state.reset(resctrl)  # the groups stay: their tasks keep running with the class's allocation
+async def stop(*, state: ResctrlState, **kwargs: Any) -> None:
+    state.reset()  # the groups stay: their tasks keep running with the class's allocation
 
 
 @plugin.on(HookPoint.POST_START_CONTAINER)
 async def join_group(
     *,
     pod: PodInfo,
-    container: ContainerInfo | None,
+    container: ContainerInfo,
     qos: QoSClass,
     cgroups: CgroupFS | None,
-    resctrl: ResctrlFS | None,
-    policy_section: ResctrlPolicy | None,
+    resctrl: ResctrlFS,
+    settings_for: SettingsFor,
+    state: ResctrlState,
     log: Any,
     **kwargs: Any,
 ) -> None:
-    controller = _state.ensure(resctrl, policy_section, log)
-    if controller is None or container is None:
+    controller = state.ensure(resctrl, settings_for, log)
+    if controller is None:
         return
     group = controller.group_for(qos)
     if group is None:
@@ -562,8 +560,8 @@ async def join_group(
     if not tids:
         log.debug("container cgroup has no threads (yet)", group=group)
         return
-    if policy_section is not None and group not in controller.fs.groups():
-        controller.repair(controller.plan(policy_section), log)  # removed behind our back
+    if group not in controller.fs.groups():
+        controller.repair(controller.plan(settings_for), log)  # removed behind our back
     moved, exited = controller.move(group, tids, log)
     log.debug("container threads joined resctrl group", group=group, moved=moved, exited=exited)
 
@@ -573,29 +571,31 @@ async def reconcile(
     *,
     pods: Sequence[PodInfo],
     cgroups: CgroupFS | None,
-    resctrl: ResctrlFS | None,
-    policy_section: ResctrlPolicy | None,
+    resctrl: ResctrlFS,
+    settings_for: SettingsFor,
+    state: ResctrlState,
     log: Any,
     **kwargs: Any,
 ) -> int:
     """Repair drifted or missing groups and move the pods' stray threads into their groups;
     returns how many things it set back (groups repaired + threads moved)."""
-    return reconcile_pods(pods, cgroups, resctrl, policy_section, log).repaired
+    return reconcile_pods(pods, cgroups, resctrl, settings_for, state, log).repaired
 
 
 def reconcile_pods(
     pods: Sequence[PodInfo],
     cgroups: CgroupFS | None,
-    resctrl: ResctrlFS | None,
-    policy_section: ResctrlPolicy | None,
+    resctrl: ResctrlFS,
+    settings_for: SettingsFor,
+    state: ResctrlState,
     log: Any,
 ) -> ReconcileReport:
     """One reconcile round (see the module doc), with what it did."""
     report = ReconcileReport()
-    controller = _state.ensure(resctrl, policy_section, log)
-    if controller is None or policy_section is None:
+    controller = state.ensure(resctrl, settings_for, log)
+    if controller is None:
         return report
-    report.schemata_repaired = controller.repair(controller.plan(policy_section), log)
+    report.schemata_repaired = controller.repair(controller.plan(settings_for), log)
     if cgroups is None:
         return report
     known = {name: controller.fs.tasks(name) for name in controller.group_names}

@@ -6,7 +6,8 @@ ones, builders for what a handler gets, and a one-call plugin runner.
 * :mod:`runtimeproxy.hooks.testkit.resctrl` -- a fake resctrl mount (:func:`make_fake_resctrl`).
 * :mod:`runtimeproxy.hooks.testkit.builders` -- :func:`pod`, :func:`container` (PodInfo /
   ContainerInfo with defaults), :func:`pod_request`, :func:`container_request` (the hook
-  requests the proxy sends) and :func:`run_plugin` (one hook call, as the server makes it).
+  requests the proxy sends), :func:`policy_from` (a policy from YAML text, read against the
+  plugins' settings) and :func:`run_plugin` (one hook call, as the server makes it).
 * :mod:`runtimeproxy.hooks.testkit.fixtures` -- pytest fixtures ``fake_cgroup_v1``,
   ``fake_cgroup_v2``, ``fake_cgroup`` (v1/v2 x cgroupfs/systemd) and ``fake_resctrl``; load with
   ``pytest_plugins = ["runtimeproxy.hooks.testkit.fixtures"]`` in a root ``conftest.py`` or test module.
@@ -28,6 +29,7 @@ from .builders import (
     kubelet_cgroup_parent,
     pod,
     pod_request,
+    policy_from,
     run_plugin,
 )
 from .cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
@@ -50,5 +52,6 @@ __all__ = [
     "make_fake_resctrl",
     "pod",
     "pod_request",
+    "policy_from",
     "run_plugin",
 ]

@@ -25,13 +25,14 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
+from runtimeproxy.dispatch import resource_fields
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint, parse_hook_point
 
 from .. import policy as policy_mod
 from ..cgroups import CgroupDriver, CgroupFS, CgroupVersion, parent_path
 from ..qos import KOORDINATOR_QOS_LABEL, QoSClass
 from ..resctrl import ResctrlFS
-from ..sdk import ContainerInfo, Plugin, PluginRunner, PodInfo, Resources, RunResult, ServerContext
+from ..sdk import ContainerInfo, Plugin, PluginRunner, PodInfo, Resources, RunResult, ServerContext, settings_specs
 from .cgroups import FakeCgroup, KubeQoS, Runtime
 from .resctrl import FakeResctrl
 
@@ -209,20 +210,7 @@ _new_container = container
 
 
 def _resources_message(resources: Resources) -> Any:
-    return hook_pb.LinuxContainerResources(
-        cpu_period=resources.cpu_period,
-        cpu_quota=resources.cpu_quota,
-        cpu_shares=resources.cpu_shares,
-        memory_limit_in_bytes=resources.memory_limit_in_bytes,
-        oom_score_adj=resources.oom_score_adj,
-        cpuset_cpus=resources.cpuset_cpus,
-        cpuset_mems=resources.cpuset_mems,
-        hugepage_limits=[
-            hook_pb.HugepageLimit(page_size=h.page_size, limit=h.limit) for h in resources.hugepage_limits
-        ],
-        unified=dict(resources.unified),
-        memory_swap_limit_in_bytes=resources.memory_swap_limit_in_bytes,
-    )
+    return resource_fields.fill(hook_pb.LinuxContainerResources(), resources)
 
 
 def _pod_meta(info: PodInfo) -> Any:
@@ -284,6 +272,19 @@ def container_request(info: ContainerInfo | None = None, /, *, pod: PodInfo | No
     return request
 
 
+# --- policies ------------------------------------------------------------------------------------
+
+
+def policy_from(text: str, *plugins: Plugin) -> policy_mod.Policy:
+    """The policy in YAML ``text`` laid over the defaults, read against ``plugins``' settings
+    (none given: the built-in plugins'). PolicyError as ``runtime-hooks policy check`` says it."""
+    if not plugins:
+        from ..plugins import cpu, cpuset, memory, network, resctrl  # only when asked: network loads libc
+
+        plugins = (cpu.plugin, cpuset.plugin, resctrl.plugin, memory.plugin, network.plugin)
+    return policy_mod.loads_policy(text, specs=settings_specs(plugins))
+
+
 # --- running a plugin ----------------------------------------------------------------------------
 
 
@@ -310,8 +311,9 @@ async def run_plugin(
     * ``container``: for container hooks; left out, ``container()``. Pod hooks take none.
     * ``cgroups`` / ``resctrl``: the node handles (a fake tree stands for its ``.fs()``); None as
       on a node without them.
-    * ``policy``: the policy in force: a Policy, or YAML text laid over the defaults
-      (``"cpu:\n  BE: {cfs_burst_percent: 0}\n"``); None: the defaults.
+    * ``policy``: the policy in force: a Policy, or YAML text laid over the defaults and read
+      against the plugins' settings (``"cpu:\n  BE: {cfs_burst_percent: 0}\n"``); None: the
+      defaults (each plugin's own).
 
     Returns the RunResult: the merged ``response``, the ``applied`` plugins and the ignored
     ``failures``. A failing plugin with ``failure_policy="fail"`` raises HookCallFailed instead.
@@ -321,8 +323,9 @@ async def run_plugin(
         container = container if container is not None else _new_container()
     elif container is not None:
         raise ValueError(f"{hook.value} is a pod hook: it gets no container")
+    plugins = [plugin] if isinstance(plugin, Plugin) else list(plugin)
     if isinstance(policy, str):
-        policy = policy_mod.loads_policy(policy)
+        policy = policy_mod.loads_policy(policy, specs=settings_specs(plugins))
     in_force = policy if policy is not None else policy_mod.DEFAULT_POLICY
     context = ServerContext(
         cgroups=cgroups.fs() if isinstance(cgroups, FakeCgroup) else cgroups,
@@ -330,7 +333,6 @@ async def run_plugin(
         policy=lambda: in_force,
         dry_run=dry_run,
     )
-    plugins = [plugin] if isinstance(plugin, Plugin) else list(plugin)
     runner = PluginRunner(plugins, context=context, registry=CollectorRegistry(auto_describe=True))
     try:
         return await runner.run(hook, pod=pod, container=container)

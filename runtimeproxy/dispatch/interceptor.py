@@ -14,11 +14,12 @@ from typing import Any
 
 import structlog
 
+from runtimeproxy import trace
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.dispatch import protocol
 from runtimeproxy.dispatch.dispatcher import Dispatcher, HookFailed, HookOutcome
 from runtimeproxy.dispatch.hookpoints import HOOKS_BY_METHOD, CallHooks, HookKind, HookPoint
-from runtimeproxy.dispatch.limits import LOGGED_CHANGES_MAX, cut
+from runtimeproxy.dispatch.limits import LOGGED_CHANGES_MAX
 from runtimeproxy.dispatch.protocol import CallFrame, ContainerView, PodView
 from runtimeproxy.dispatch.sequencer import KeyedSequencer
 from runtimeproxy.dispatch.store import PodStore, StoreRebuilder, UnreadableObjectError
@@ -82,12 +83,16 @@ class HookInterceptor:
         """
         name = call.method.name
         message = _decode(call, request)
+        if trace.ON:
+            trace.event("proxy.held", call=id(call), method=name)
         keys = await self.sequencer.acquire(_keys(name, message))
+        if trace.ON:
+            trace.event("proxy.keys", call=id(call), method=name, keys=keys)
         try:
             return await self._pre_hooks(call, name, message, request, keys)
         except HookFailed as failed:
-            self._end(call, failed.code.value[0], str(failed), failed.result)
-            raise RejectCall(failed.code.value[0], str(failed)) from None
+            self._end(call, failed.code, str(failed), failed.result)
+            raise RejectCall(failed.code, str(failed)) from None
         except Exception as exc:  # the hook layer itself failed
             return self._failed_inside(call, name, request, keys, exc)
         except BaseException:
@@ -192,6 +197,16 @@ class HookInterceptor:
             state.results += await self._run(point, frame, None)
 
     async def _run(self, point: HookPoint, frame: CallFrame, deadline: float | None) -> list[HookOutcome]:
+        if not trace.ON:
+            return await self._run_hooks(point, frame, deadline)
+        began = trace.now()
+        try:
+            return await self._run_hooks(point, frame, deadline)
+        finally:
+            uid = frame.pod.config.metadata.uid if frame.pod is not None else ""
+            trace.event("proxy.hook", hook=point.value, uid=uid, began=began)
+
+    async def _run_hooks(self, point: HookPoint, frame: CallFrame, deadline: float | None) -> list[HookOutcome]:
         pod, container = frame.pod, frame.container
         assert pod is not None
         if point.kind == HookKind.POD:
@@ -219,6 +234,9 @@ class HookInterceptor:
         if state is None:
             return
         self.sequencer.release(state.keys)
+        if trace.ON:
+            uid = state.frame.pod.config.metadata.uid if state.frame.pod is not None else ""
+            trace.event("proxy.released", call=id(call), method=call.method.name, uid=uid, code=code)
         _log_call(call.method.name, state, code, message, failed)
 
     # -- views and store ---------------------------------------------------------------------
@@ -233,7 +251,7 @@ class HookInterceptor:
             pod = PodView(request.pod_sandbox_id, handler, request.sandbox_config)
             frame = CallFrame(name, request, pod=pod, container=ContainerView("", request.config), mutable=True)
             if sandbox is not None:
-                frame.changes += _follow_sandbox(request.sandbox_config, sandbox)
+                frame.changes += protocol.follow_pod(request.sandbox_config, _pod_config(sandbox))
             return frame
         if hasattr(request, "container_id"):
             return await self._container_frame(name, request)
@@ -307,28 +325,6 @@ def _keys(name: str, request: Any) -> list[str]:
     return ["sandbox:" + request.pod_sandbox_id]
 
 
-def _follow_sandbox(config: Any, sandbox: Any) -> list[str]:
-    """Give a new container its pod as the pod really is, pre-hook changes included.
-
-    kubelet sends the sandbox config as it first built it; when a PreRunPodSandbox hook
-    moved the pod to another cgroup parent or added labels, the container must follow,
-    or it would land outside its own pod's cgroup.
-    """
-    changes = []
-    if sandbox.cgroup_parent and sandbox.cgroup_parent != config.linux.cgroup_parent:
-        old = config.linux.cgroup_parent
-        changes.append(f"pod cgroup_parent: {cut(old)} -> {cut(sandbox.cgroup_parent)} (as the pod has it)")
-        config.linux.cgroup_parent = sandbox.cgroup_parent
-    for field_name in ("labels", "annotations"):
-        target = getattr(config, field_name)
-        for key, value in getattr(sandbox, field_name).items():
-            if target.get(key) != value:
-                was, now = cut(target.get(key)), cut(value)
-                changes.append(f"pod {field_name}[{cut(key, quote=False)}]: {was} -> {now} (as the pod has it)")
-                target[key] = value
-    return changes
-
-
 def _note(frame: CallFrame, changes: list[str]) -> list[str]:
     frame.changes += changes
     return changes
@@ -348,11 +344,17 @@ def _commit(frame: CallFrame) -> None:
 
 
 def _sandbox_config(entry: Any) -> Any:
+    """A copy of the sandbox's config, for a view that hooks may change."""
+    copy = cri.PodSandboxConfig()
+    copy.CopyFrom(_pod_config(entry))
+    return copy
+
+
+def _pod_config(entry: Any) -> Any:
+    """The sandbox's config to read (its own, not a copy), or one built from its entry's fields."""
     config = getattr(entry, "config", None)
     if config is not None:
-        copy = cri.PodSandboxConfig()
-        copy.CopyFrom(config)
-        return copy
+        return config
     return cri.PodSandboxConfig(
         metadata=cri.PodSandboxMetadata(
             name=entry.name, uid=entry.uid, namespace=entry.namespace, attempt=entry.attempt

@@ -52,6 +52,7 @@ import re
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Literal, TypeVar
 
+from runtimeproxy.dispatch import resource_fields
 from runtimeproxy.dispatch.limits import CGROUP_PARENT_MAX, Resources, cut
 
 __all__ = [
@@ -69,18 +70,6 @@ __all__ = [
 V = TypeVar("V", str, bytes)
 CgroupDriver = Literal["auto", "systemd", "cgroupfs"]
 CgroupForm = Literal["systemd", "cgroupfs"]
-
-# Scalar resource fields; zero / "" is proto3's default and so means "not set".
-_SCALAR_FIELDS = (
-    "cpu_period",
-    "cpu_quota",
-    "cpu_shares",
-    "memory_limit_in_bytes",
-    "oom_score_adj",
-    "cpuset_cpus",
-    "cpuset_mems",
-    "memory_swap_limit_in_bytes",
-)
 
 
 # --- merging ---------------------------------------------------------------------------
@@ -145,7 +134,7 @@ def merge_resources(target: Resources, changes: Resources) -> dict[str, tuple[ob
     reported as lists of (page_size, limit).
     """
     made: dict[str, tuple[object, object]] = {}
-    for name in _SCALAR_FIELDS:
+    for name in resource_fields.SCALARS:  # zero / "" is proto3's default: "not set"
         old, new = getattr(target, name), getattr(changes, name)
         if new and new != old:
             setattr(target, name, new)

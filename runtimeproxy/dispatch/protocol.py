@@ -72,6 +72,31 @@ def pod_metadata(config: Any) -> Any:
     return hook.PodSandboxMetadata(name=meta.name, uid=meta.uid, namespace=meta.namespace, attempt=meta.attempt)
 
 
+def follow_pod(config: Any, pod: Any) -> list[str]:
+    """Give a new container its pod as the pod really is, pre-hook changes included.
+
+    ``config`` is the sandbox config a CreateContainer request carries (changed in place),
+    ``pod`` the pod's PodSandboxConfig as the PreRunPodSandbox hooks left it. kubelet sends
+    the sandbox config as it first built it; when a hook moved the pod to another cgroup
+    parent or added labels or annotations, the container must follow, or it would land
+    outside its own pod's cgroup. Returns the changes made.
+    """
+    changes = []
+    parent = pod.linux.cgroup_parent
+    if parent and parent != config.linux.cgroup_parent:
+        old = config.linux.cgroup_parent
+        changes.append(f"pod cgroup_parent: {limits.cut(old)} -> {limits.cut(parent)} (as the pod has it)")
+        config.linux.cgroup_parent = parent
+    for field_name in ("labels", "annotations"):
+        target = getattr(config, field_name)
+        for key, value in getattr(pod, field_name).items():
+            if target.get(key) != value:  # .get, not [], which would insert into a protobuf map
+                was, now = limits.cut(target.get(key)), limits.cut(value)
+                changes.append(f"pod {field_name}[{limits.cut(key, quote=False)}]: {was} -> {now} (as the pod has it)")
+                target[key] = value
+    return changes
+
+
 # -- building hook requests --------------------------------------------------------------
 
 

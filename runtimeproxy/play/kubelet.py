@@ -5,20 +5,14 @@ Everything here is a pure function of the ``V1Pod`` (as returned by
 caller passes in: machine memory (read from ``/proc/meminfo`` only when not
 given), the pod log root, the cgroup driver and the runtime handler.
 
-The formulas follow kubelet (checked against kubernetes/kubernetes):
+The formulas follow kubelet (checked against kubernetes/kubernetes); the resource
+arithmetic has modules of its own: requests and limits in
+:mod:`runtimeproxy.play.pod_resources`, the QoS class in :mod:`runtimeproxy.play.qos`,
+shares, quota, memory limit and oom_score_adj in :mod:`runtimeproxy.play.cri_resources`.
+Here:
 
-* QoS class: ``pkg/apis/core/v1/helper/qos/qos.go`` (ComputePodQOS), with the
-  API server's defaulting of requests to limits
-  (``pkg/apis/core/v1/defaults.go``) applied first.
 * cgroup parent: ``pkg/kubelet/cm/pod_container_manager_linux.go`` and
   ``cgroup_manager_linux.go`` (cgroupfs and systemd names).
-* CPU shares / CFS quota: ``pkg/kubelet/cm/helpers_linux.go``
-  (MilliCPUToShares, MilliCPUToQuota) and
-  ``pkg/kubelet/kuberuntime/kuberuntime_container_linux.go``
-  (calculateLinuxResources).
-* oom_score_adj: ``pkg/kubelet/qos/policy.go`` (GetContainerOOMScoreAdjust).
-* pod-level sums: ``staging/src/k8s.io/component-helpers/resource/helpers.go``
-  (PodRequests / PodLimits and the restartable init container rules).
 * sandbox config, labels, annotations: ``pkg/kubelet/kuberuntime/
   kuberuntime_sandbox.go``, ``labels.go``, ``security_context.go``.
 
@@ -34,61 +28,50 @@ fields, not kubelet's value.
 
 from __future__ import annotations
 
-import enum
 import json
-import math
 import os
 import posixpath
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Literal
 
 from kubernetes.client import ApiClient
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
-from runtimeproxy.play.manifest import parse_quantity_value
+from runtimeproxy.play.cri_resources import (
+    LinuxResources,
+    container_resources,
+    read_machine_memory,
+    sandbox_overhead,
+    sandbox_resources,
+)
+from runtimeproxy.play.pod_resources import is_sidecar, pod_containers, pod_init_containers
+from runtimeproxy.play.qos import KubeQoSClass, pod_qos_class
 
 __all__ = [
     "CONTAINER_NAME_LABEL",
     "DEFAULT_MASKED_PATHS",
     "DEFAULT_READONLY_PATHS",
-    "MAX_SHARES",
-    "MIN_QUOTA",
-    "MIN_SHARES",
     "POD_NAMESPACE_LABEL",
     "POD_NAME_LABEL",
     "POD_UID_LABEL",
-    "QUOTA_PERIOD",
     "CgroupDriver",
     "ContainerPlan",
-    "LinuxResources",
     "PodPlan",
-    "QOSClass",
     "build_plan",
     "container_annotations",
     "container_labels",
-    "container_limits",
-    "container_oom_score_adj",
-    "container_requests",
-    "container_resources",
     "expand_vars",
-    "linux_resources",
-    "milli_cpu_to_quota",
-    "milli_cpu_to_shares",
-    "oom_score_adj_for_request",
     "pod_cgroup_parent",
     "pod_identity_labels",
-    "pod_limits",
     "pod_log_directory",
-    "pod_qos_class",
-    "pod_requests",
     "pod_sandbox_annotations",
     "pod_sandbox_labels",
-    "read_machine_memory",
-    "sandbox_overhead",
-    "sandbox_resources",
 ]
+
+# The old name, for hooks/explain.py until it imports KubeQoSClass from runtimeproxy.play.qos;
+# not public: remove it with that import.
+QOSClass = KubeQoSClass
 
 POD_NAME_LABEL = "io.kubernetes.pod.name"
 POD_NAMESPACE_LABEL = "io.kubernetes.pod.namespace"
@@ -103,19 +86,6 @@ CONTAINER_PORTS_ANNOTATION = "io.kubernetes.container.ports"
 CONTAINER_PRESTOP_ANNOTATION = "io.kubernetes.container.preStopHandler"
 CONTAINER_TYPE_ANNOTATION = "io.kubernetes.container.type"
 POD_TERMINATION_GRACE_PERIOD_ANNOTATION = "io.kubernetes.pod.terminationGracePeriod"
-
-# helpers_linux.go: shares are clamped to the kernel's [MinShares, MaxShares];
-# the CFS quota is at least 1ms of the 100ms default period.
-MIN_SHARES = 2
-MAX_SHARES = 262144
-SHARES_PER_CPU = 1024
-MILLI_CPU_TO_CPU = 1000
-QUOTA_PERIOD = 100000
-MIN_QUOTA = 1000
-
-# policy.go
-GUARANTEED_OOM_SCORE_ADJ = -997
-BESTEFFORT_OOM_SCORE_ADJ = 1000
 
 # API defaults (pkg/apis/core/v1/defaults.go)
 DEFAULT_TERMINATION_GRACE_PERIOD = 30
@@ -144,8 +114,6 @@ DEFAULT_READONLY_PATHS: tuple[str, ...] = (
     "/proc/sysrq-trigger",
 )
 
-_INT64_MAX = 2**63 - 1
-_QOS_RESOURCES = ("cpu", "memory")
 _MOUNT_PROPAGATION = {
     None: cri.PROPAGATION_PRIVATE,
     "None": cri.PROPAGATION_PRIVATE,
@@ -160,207 +128,18 @@ _ENV_VALUE_IS_BYTES = (
 _API: Any = ApiClient()
 
 CgroupDriver = Literal["cgroupfs", "systemd"]
-ResourceList = Mapping[str, Decimal]
 ContainerKind = Literal["init", "sidecar", "container"]
-
-
-class QOSClass(enum.StrEnum):
-    """Pod QoS classes, spelled as in ``pod.status.qosClass``."""
-
-    GUARANTEED = "Guaranteed"
-    BURSTABLE = "Burstable"
-    BEST_EFFORT = "BestEffort"
-
-
-# --------------------------------------------------------------------------
-# resource lists
-
-
-def _parse_list(raw: Mapping[str, Any] | None) -> dict[str, Decimal]:
-    return {name: parse_quantity_value(value) for name, value in (raw or {}).items()}
-
-
-def _requirements(resources: Any) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
-    """(requests, limits) of a ``V1ResourceRequirements`` (or None).
-
-    Requests default to limits for every resource that has a limit but no
-    request, as the API server's defaulting does.
-    """
-    if resources is None:
-        return {}, {}
-    limits = _parse_list(resources.limits)
-    requests = _parse_list(resources.requests)
-    for name, limit in limits.items():
-        requests.setdefault(name, limit)
-    return requests, limits
-
-
-def container_requests(container: Any) -> dict[str, Decimal]:
-    """The container's requests after requests-default-to-limits."""
-    return _requirements(container.resources)[0]
-
-
-def container_limits(container: Any) -> dict[str, Decimal]:
-    """The container's limits."""
-    return _requirements(container.resources)[1]
-
-
-def _milli(quantity: Decimal | None) -> int:
-    """resource.Quantity.MilliValue(): rounded up, 0 for a missing quantity."""
-    if quantity is None:
-        return 0
-    return min(math.ceil(quantity * 1000), _INT64_MAX)
-
-
-def _value(quantity: Decimal | None) -> int:
-    """resource.Quantity.Value(): rounded up, 0 for a missing quantity."""
-    if quantity is None:
-        return 0
-    return min(math.ceil(quantity), _INT64_MAX)
 
 
 def _spec(pod: Any) -> Any:
     return pod.spec
 
 
-def _init_containers(pod: Any) -> list[Any]:
-    return list(_spec(pod).init_containers or [])
-
-
-def _containers(pod: Any) -> list[Any]:
-    return list(_spec(pod).containers or [])
-
-
-def _is_sidecar(container: Any) -> bool:
-    return getattr(container, "restart_policy", None) == "Always"
-
-
-def _add(into: dict[str, Decimal], other: ResourceList) -> None:
-    for name, quantity in other.items():
-        into[name] = into.get(name, Decimal(0)) + quantity
-
-
-def _max(into: dict[str, Decimal], other: ResourceList) -> None:
-    for name, quantity in other.items():
-        if name not in into or quantity > into[name]:
-            into[name] = quantity
-
-
-def _aggregate(pod: Any, pick: Callable[[Any], dict[str, Decimal]]) -> dict[str, Decimal]:
-    """Sum over regular containers, folded with the init container rules.
-
-    Restartable init containers (sidecars) run alongside the regular
-    containers, so they are added; each ordinary init container runs alone
-    together with the sidecars started before it, so the pod needs the
-    maximum of those.
-    """
-    total: dict[str, Decimal] = {}
-    for container in _containers(pod):
-        _add(total, pick(container))
-    sidecars: dict[str, Decimal] = {}
-    init_peak: dict[str, Decimal] = {}
-    for container in _init_containers(pod):
-        own = pick(container)
-        if _is_sidecar(container):
-            _add(total, own)
-            _add(sidecars, own)
-            _max(init_peak, sidecars)
-        else:
-            running = dict(own)
-            _add(running, sidecars)
-            _max(init_peak, running)
-    _max(total, init_peak)
-    return total
-
-
-def _pod_level(pod: Any) -> tuple[dict[str, Decimal], dict[str, Decimal]] | None:
-    """Pod-level (spec.resources) requests and limits, defaulted, if set."""
-    resources = getattr(_spec(pod), "resources", None)
-    if resources is None:
-        return None
-    limits = _parse_list(resources.limits)
-    requests = _parse_list(resources.requests)
-    if limits:
-        from_containers = _aggregate(pod, container_requests)
-        for name, limit in limits.items():
-            # defaults.go: a missing pod-level request defaults to the sum of
-            # the container requests if any container asks for it, else to
-            # the pod-level limit.
-            if name not in requests:
-                requests[name] = from_containers.get(name, limit)
-    return requests, limits
-
-
-def pod_requests(pod: Any) -> dict[str, Decimal]:
-    """PodRequests without overhead: pod-level requests win where set."""
-    requests = _aggregate(pod, container_requests)
-    level = _pod_level(pod)
-    if level is not None:
-        for name in _QOS_RESOURCES:
-            if name in level[0]:
-                requests[name] = level[0][name]
-    return requests
-
-
-def pod_limits(pod: Any) -> dict[str, Decimal]:
-    """PodLimits without overhead: pod-level limits win where set."""
-    limits = _aggregate(pod, container_limits)
-    level = _pod_level(pod)
-    if level is not None:
-        for name in _QOS_RESOURCES:
-            if name in level[1]:
-                limits[name] = level[1][name]
-    return limits
-
-
 # --------------------------------------------------------------------------
-# QoS class and cgroup parent
+# cgroup parent
 
 
-def _resource_qos(requests: ResourceList, limits: ResourceList) -> QOSClass:
-    if not requests and not limits:
-        return QOSClass.BEST_EFFORT
-    result: QOSClass | None = None
-    for name in _QOS_RESOURCES:
-        request = requests.get(name, Decimal(0))
-        limit = limits.get(name, Decimal(0))
-        if request != limit:
-            return QOSClass.BURSTABLE
-        best_effort = request == 0
-        this = QOSClass.BEST_EFFORT if best_effort else QOSClass.GUARANTEED
-        if result is None:
-            result = this
-        elif result != this:
-            return QOSClass.BURSTABLE
-    assert result is not None
-    return result
-
-
-def pod_qos_class(pod: Any) -> QOSClass:
-    """The Pod's QoS class.
-
-    BestEffort: no container (init or regular) sets a cpu or memory request
-    or limit.  Guaranteed: every container sets cpu and memory limits and the
-    requests equal them (a request left out defaults to its limit).
-    Burstable: anything else.  Pod-level ``spec.resources``, when present,
-    decides on its own.
-    """
-    level = _pod_level(pod)
-    if level is not None:
-        return _resource_qos(*level)
-    result: QOSClass | None = None
-    for container in _init_containers(pod) + _containers(pod):
-        qos = _resource_qos(*_requirements(container.resources))
-        if qos is QOSClass.BURSTABLE:
-            return qos
-        if result is None:
-            result = qos
-        elif result != qos:
-            return QOSClass.BURSTABLE
-    return result or QOSClass.BEST_EFFORT
-
-
-def pod_cgroup_parent(qos: QOSClass, uid: str, driver: CgroupDriver = "cgroupfs", cgroup_root: str = "/") -> str:
+def pod_cgroup_parent(qos: KubeQoSClass, uid: str, driver: CgroupDriver = "cgroupfs", cgroup_root: str = "/") -> str:
     """The pod cgroup that kubelet passes as ``LinuxPodSandboxConfig.cgroup_parent``.
 
     cgroupfs: ``/kubepods/pod<uid>`` (Guaranteed), ``/kubepods/burstable/pod<uid>``,
@@ -371,7 +150,7 @@ def pod_cgroup_parent(qos: QOSClass, uid: str, driver: CgroupDriver = "cgroupfs"
     """
     parts = [part for part in cgroup_root.split("/") if part]
     parts.append("kubepods")
-    if qos is not QOSClass.GUARANTEED:
+    if qos is not KubeQoSClass.GUARANTEED:
         parts.append(qos.value.lower())
     parts.append(f"pod{uid}")
     if driver == "cgroupfs":
@@ -381,190 +160,6 @@ def pod_cgroup_parent(qos: QOSClass, uid: str, driver: CgroupDriver = "cgroupfs"
     escaped = [part.replace("-", "_") for part in parts]
     slices = ["-".join(escaped[: index + 1]) + ".slice" for index in range(len(escaped))]
     return "/" + "/".join(slices)
-
-
-# --------------------------------------------------------------------------
-# CPU, memory, OOM
-
-
-def milli_cpu_to_shares(milli_cpu: int) -> int:
-    """CFS shares for a cpu request: milliCPU*1024/1000 clamped to [2, 262144]; 0 -> 2."""
-    if milli_cpu <= 0:
-        return MIN_SHARES
-    shares = (milli_cpu * SHARES_PER_CPU) // MILLI_CPU_TO_CPU
-    return max(MIN_SHARES, min(MAX_SHARES, shares))
-
-
-def milli_cpu_to_quota(milli_cpu: int, period: int = QUOTA_PERIOD) -> int:
-    """CFS quota for a cpu limit: milliCPU*period/1000, at least 1000; 0 (unset) without a limit."""
-    if milli_cpu <= 0:
-        return 0
-    quota = (milli_cpu * period) // MILLI_CPU_TO_CPU
-    return min(max(quota, MIN_QUOTA), _INT64_MAX)
-
-
-@dataclass(frozen=True)
-class LinuxResources:
-    """The resource fields kubelet fills in ``LinuxContainerResources``."""
-
-    cpu_period: int
-    cpu_quota: int
-    cpu_shares: int
-    memory_limit_in_bytes: int
-    oom_score_adj: int = 0
-
-    def to_proto(self) -> cri.LinuxContainerResources:
-        return cri.LinuxContainerResources(
-            cpu_period=self.cpu_period,
-            cpu_quota=self.cpu_quota,
-            cpu_shares=self.cpu_shares,
-            memory_limit_in_bytes=self.memory_limit_in_bytes,
-            oom_score_adj=self.oom_score_adj,
-        )
-
-
-def linux_resources(
-    cpu_request: Decimal | None,
-    cpu_limit: Decimal | None,
-    memory_limit: Decimal | None,
-    *,
-    cpu_cfs_quota: bool = True,
-    period: int = QUOTA_PERIOD,
-) -> LinuxResources:
-    """calculateLinuxResources: shares from the request (or the limit when
-    no request was given), quota from the limit, memory limit in bytes."""
-    if cpu_request is None and cpu_limit:
-        shares = milli_cpu_to_shares(_milli(cpu_limit))
-    else:
-        shares = milli_cpu_to_shares(_milli(cpu_request))
-    return LinuxResources(
-        cpu_period=period if cpu_cfs_quota else 0,
-        cpu_quota=milli_cpu_to_quota(_milli(cpu_limit), period) if cpu_cfs_quota else 0,
-        cpu_shares=shares,
-        memory_limit_in_bytes=_value(memory_limit),
-    )
-
-
-def oom_score_adj_for_request(memory_request: int, machine_memory: int) -> int:
-    """The Burstable formula: 1000 - 1000*request/capacity, kept in [3, 999].
-
-    1000 + GUARANTEED_OOM_SCORE_ADJ = 3 is the floor so that a Burstable
-    container always scores above a Guaranteed one; 999 keeps it below
-    BestEffort.
-    """
-    if machine_memory <= 0:
-        raise ValueError("machine memory must be positive")
-    adj = 1000 - (1000 * memory_request) // machine_memory
-    return _clamp_burstable(adj)
-
-
-def _clamp_burstable(adj: int) -> int:
-    if adj < 1000 + GUARANTEED_OOM_SCORE_ADJ:
-        return 1000 + GUARANTEED_OOM_SCORE_ADJ
-    if adj >= BESTEFFORT_OOM_SCORE_ADJ:
-        return BESTEFFORT_OOM_SCORE_ADJ - 1
-    return adj
-
-
-def _is_node_critical(pod: Any) -> bool:
-    # types.IsNodeCriticalPod: a critical pod whose priority class is
-    # system-node-critical.  A pod run by play is a static pod, and static
-    # pods are critical, so the class name alone decides here.
-    return bool(_spec(pod).priority_class_name == "system-node-critical")
-
-
-def _remaining_pod_memory_per_container(pod: Any) -> int:
-    level = _pod_level(pod)
-    if level is None or not level[0].get("memory"):
-        return 0
-    count = len(_containers(pod)) + len(_init_containers(pod))
-    remaining = _value(level[0]["memory"]) - _value(_aggregate(pod, container_requests).get("memory"))
-    return _go_div(remaining, count)
-
-
-def _go_div(a: int, b: int) -> int:
-    """Integer division truncating toward zero, as Go does."""
-    quotient = abs(a) // abs(b)
-    return quotient if (a >= 0) == (b > 0) else -quotient
-
-
-def container_oom_score_adj(pod: Any, container: Any, machine_memory: int, qos: QOSClass | None = None) -> int:
-    """GetContainerOOMScoreAdjust: -997 Guaranteed (and node-critical pods),
-    1000 BestEffort, else the Burstable formula on the container's memory
-    request (plus its share of unallocated pod-level memory request); a
-    sidecar never scores above the regular container with the smallest
-    memory request."""
-    if _is_node_critical(pod):
-        return GUARANTEED_OOM_SCORE_ADJ
-    qos = qos or pod_qos_class(pod)
-    if qos is QOSClass.GUARANTEED:
-        return GUARANTEED_OOM_SCORE_ADJ
-    if qos is QOSClass.BEST_EFFORT:
-        return BESTEFFORT_OOM_SCORE_ADJ
-    if machine_memory <= 0:
-        raise ValueError("machine memory must be positive")
-    remaining = _remaining_pod_memory_per_container(pod)
-    request = _value(container_requests(container).get("memory")) + remaining
-    adj = 1000 - _go_div(1000 * request, machine_memory)
-    is_sidecar = _is_sidecar(container) and any(init.name == container.name for init in _init_containers(pod))
-    if is_sidecar:
-        regular = [_value(container_requests(c).get("memory")) for c in _containers(pod)]
-        smallest = (min(regular) if regular else 0) + remaining
-        adj = min(adj, 1000 - _go_div(1000 * smallest, machine_memory))
-    return _clamp_burstable(adj)
-
-
-def container_resources(
-    pod: Any,
-    container: Any,
-    machine_memory: int,
-    *,
-    qos: QOSClass | None = None,
-    cpu_cfs_quota: bool = True,
-) -> LinuxResources:
-    """generateLinuxContainerResources: cpu/memory from the container's own
-    requests and limits (a request left out falls back to the limit) and
-    oom_score_adj from the pod's QoS."""
-    raw = container.resources
-    requests = _parse_list(raw.requests if raw is not None else None)
-    limits = _parse_list(raw.limits if raw is not None else None)
-    base = linux_resources(requests.get("cpu"), limits.get("cpu"), limits.get("memory"), cpu_cfs_quota=cpu_cfs_quota)
-    return LinuxResources(
-        cpu_period=base.cpu_period,
-        cpu_quota=base.cpu_quota,
-        cpu_shares=base.cpu_shares,
-        memory_limit_in_bytes=base.memory_limit_in_bytes,
-        oom_score_adj=container_oom_score_adj(pod, container, machine_memory, qos),
-    )
-
-
-def sandbox_resources(pod: Any, *, cpu_cfs_quota: bool = True) -> LinuxResources:
-    """calculateSandboxResources: the pod-level sums (overhead excluded)."""
-    requests = pod_requests(pod)
-    limits = pod_limits(pod)
-    return linux_resources(requests.get("cpu"), limits.get("cpu"), limits.get("memory"), cpu_cfs_quota=cpu_cfs_quota)
-
-
-def sandbox_overhead(pod: Any, *, cpu_cfs_quota: bool = True) -> LinuxResources:
-    """convertOverheadToLinuxResources: spec.overhead taken as request == limit."""
-    overhead = _parse_list(_spec(pod).overhead)
-    if not overhead:
-        return LinuxResources(0, 0, 0, 0)
-    cpu = overhead.get("cpu", Decimal(0))
-    return linux_resources(cpu, cpu, overhead.get("memory"), cpu_cfs_quota=cpu_cfs_quota)
-
-
-def read_machine_memory(meminfo_path: str = "/proc/meminfo") -> int:
-    """MemTotal from /proc/meminfo in bytes (what cAdvisor reports as capacity)."""
-    with open(meminfo_path, encoding="ascii") as handle:
-        for line in handle:
-            key, _, rest = line.partition(":")
-            if key.strip() == "MemTotal":
-                fields = rest.split()
-                amount = int(fields[0])
-                unit = fields[1].lower() if len(fields) > 1 else ""
-                return amount * 1024 if unit == "kb" else amount
-    raise ValueError(f"{meminfo_path}: no MemTotal line")
 
 
 # --------------------------------------------------------------------------
@@ -744,7 +339,7 @@ def _sandbox_security_context(pod: Any) -> cri.LinuxSandboxSecurityContext:
         namespace_options=_namespace_options(pod),
         privileged=any(
             c.security_context is not None and bool(c.security_context.privileged)
-            for c in _init_containers(pod) + _containers(pod)
+            for c in pod_init_containers(pod) + pod_containers(pod)
         ),
         supplemental_groups=_supplemental_groups(pod_sc),
         seccomp=_seccomp(pod_sc.seccomp_profile if pod_sc is not None else None),
@@ -829,7 +424,7 @@ class PodPlan:
     name: str
     namespace: str
     uid: str
-    qos_class: QOSClass
+    qos_class: KubeQoSClass
     cgroup_parent: str
     log_directory: str
     machine_memory: int
@@ -866,11 +461,7 @@ class PodPlan:
                     "name": c.name,
                     "image": c.image,
                     "kind": c.kind,
-                    "cpu_shares": c.config.linux.resources.cpu_shares,
-                    "cpu_quota": c.config.linux.resources.cpu_quota,
-                    "cpu_period": c.config.linux.resources.cpu_period,
-                    "memory_limit_in_bytes": c.config.linux.resources.memory_limit_in_bytes,
-                    "oom_score_adj": c.config.linux.resources.oom_score_adj,
+                    **{name: getattr(c.config.linux.resources, name) for name in LinuxResources.field_names()},
                 }
                 for c in self.containers
             ],
@@ -1009,7 +600,7 @@ def build_plan(
         metadata=cri.PodSandboxMetadata(name=meta.name, uid=meta.uid, namespace=meta.namespace, attempt=attempt),
         hostname="" if spec.host_network else _pod_hostname(pod),
         log_directory=log_directory,
-        port_mappings=_port_mappings(_init_containers(pod) + _containers(pod)),
+        port_mappings=_port_mappings(pod_init_containers(pod) + pod_containers(pod)),
         labels=pod_sandbox_labels(pod),
         annotations=pod_sandbox_annotations(pod),
         linux=linux,
@@ -1020,9 +611,9 @@ def build_plan(
     sandbox_request = cri.RunPodSandboxRequest(config=config, runtime_handler=runtime_handler)
 
     ordered: list[tuple[Any, ContainerKind]] = [
-        (c, "sidecar" if _is_sidecar(c) else "init") for c in _init_containers(pod)
+        (c, "sidecar" if is_sidecar(c) else "init") for c in pod_init_containers(pod)
     ]
-    ordered += [(c, "container") for c in _containers(pod)]
+    ordered += [(c, "container") for c in pod_containers(pod)]
     plans = []
     for container, kind in ordered:
         resources = container_resources(pod, container, machine_memory, qos=qos, cpu_cfs_quota=cpu_cfs_quota)

@@ -34,6 +34,7 @@ from typing import Any
 import hpack
 import structlog
 
+from runtimeproxy import trace
 from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.grpc_wire import status_frame
 from runtimeproxy.relay.hpack_cache import CachingDecoder
@@ -544,6 +545,8 @@ class RelayConnection:
         if stream.id in self.streams:
             stream.request = request
             stream.after_due = True
+            if trace.ON:
+                trace.event("proxy.sent", call=id(stream.call))
             self._send_request(stream, grpc_wire.encode_message(request))
 
     def _send_request(self, stream: Stream, body: bytes) -> None:
@@ -663,6 +666,8 @@ class RelayConnection:
             if messages and not messages[0].compressed:
                 response = messages[0].body
         outcome = CallOutcome(code=code, message=message, response=response)
+        if trace.ON:
+            trace.event("proxy.answered", call=id(stream.call), code=code)
         coro = self.options.interceptor.after(stream.call, stream.request, outcome)
         task = asyncio.get_running_loop().create_task(_guarded(coro, stream.method.path))
         self.options.after_tasks.add(task)

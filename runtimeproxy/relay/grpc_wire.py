@@ -6,13 +6,12 @@ a 4-byte big-endian length, then the message; the status travels in trailers.
 
 from __future__ import annotations
 
+import enum
 import struct
 import urllib.parse
 import zlib
 from dataclasses import dataclass
 from typing import Final
-
-import grpc
 
 from runtimeproxy.relay import frames
 from runtimeproxy.relay.hpack_literal import encode_literal_block
@@ -20,7 +19,32 @@ from runtimeproxy.relay.hpack_literal import encode_literal_block
 MESSAGE_PREFIX: Final = struct.Struct(">BL")
 PREFIX_LEN: Final = 5
 
-CODE_NAMES: Final[dict[int, str]] = {code.value[0]: code.name for code in grpc.StatusCode}
+
+
+class StatusCode(enum.IntEnum):
+    """gRPC status codes (fixed by the gRPC spec, "statuscodes.md"); names as grpc.StatusCode's.
+    Our own table, so that the relay and the store never need to import grpc."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+CODE_NAMES: Final[dict[int, str]] = {code.value: code.name for code in StatusCode}
 OK: Final = 0
 CANCELLED: Final = 1
 UNKNOWN: Final = 2
@@ -89,11 +113,17 @@ _DECOMPRESSORS: Final = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 def single_request(payload: bytes, encoding: str, limit: int) -> bytes:
     """The one message of a unary request, decompressed; BadRequest when it is not that."""
+    return single_message(payload, encoding, limit, "request")
+
+
+def single_message(payload: bytes, encoding: str, limit: int, kind: str) -> bytes:
+    """The one message of a unary ``kind`` ("request", "response"), decompressed; BadRequest
+    (the text names ``kind``) when it is not that."""
     messages = split_messages(payload)
     if messages is None:
-        raise BadRequest("request body is not whole length-prefixed gRPC messages")
+        raise BadRequest(f"{kind} body is not whole length-prefixed gRPC messages")
     if len(messages) != 1:
-        raise BadRequest(f"a unary request must carry exactly one message, got {len(messages)}")
+        raise BadRequest(f"a unary {kind} must carry exactly one message, got {len(messages)}")
     message = messages[0]
     if not message.compressed:
         return message.body

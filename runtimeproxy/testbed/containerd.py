@@ -204,9 +204,24 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def render_config(root: Path, sandbox_image: str, snapshotter: str, cni_conf_dir: Path) -> str:
-    """containerd config (version 2): no TCP listeners but the loopback stream server."""
+def render_nri(root: Path, socket: Path) -> str:
+    """containerd 1.7's NRI section: on, serving ``socket``, no pre-installed plugins (the
+    directories under ``root`` stay empty). 1.6 has no NRI and must not get it."""
+    return f"""
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = {_q(str(socket))}
+  plugin_path = {_q(str(root / "nri" / "plugins"))}
+  plugin_config_path = {_q(str(root / "nri" / "conf.d"))}
+"""
+
+
+def render_config(root: Path, sandbox_image: str, snapshotter: str, cni_conf_dir: Path,
+                  nri_socket: Path | None = None) -> str:
+    """containerd config (version 2): no TCP listeners but the loopback stream server; with
+    ``nri_socket``, NRI enabled on it (render_nri)."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
+    nri = render_nri(root, nri_socket) if nri_socket is not None else ""
     return f"""version = 2
 root = {_q(str(root / "root"))}
 state = {_q(str(root / "state"))}
@@ -246,7 +261,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [{cri}.containerd.runtimes.runc.options]
         Root = {_q(str(root / "runc"))}
         SystemdCgroup = false
-"""
+{nri}"""
 
 
 def render_cni_conflist(name: str, bridge: str, subnet: str, ipam_dir: Path) -> str:
@@ -286,8 +301,10 @@ class Containerd:
         start_timeout: float = 30.0,
         keep_root: bool | None = None,
         build: ContainerdBuild | None = None,
+        nri: bool = False,
     ) -> None:
         self._build = build
+        self.nri = nri  # NRI on, serving `nri_socket` (containerd 1.7+)
         self.tag = f"rtpx-{secrets.token_hex(4)}"
         self._base_dir = base_dir
         self._root: Path | None = None
@@ -323,6 +340,11 @@ class Containerd:
     @property
     def address(self) -> str:
         return f"unix://{self.socket}"
+
+    @property
+    def nri_socket(self) -> Path:
+        """The NRI socket (served only when the test bed was made with ``nri=True``)."""
+        return self.root_dir / "nri.sock"
 
     @property
     def log_path(self) -> Path:
@@ -541,7 +563,8 @@ class Containerd:
                                            self.root_dir / "cni" / "ipam")
             (self.cni_conf_dir / "10-testbed.conflist").write_text(conflist)
         self.config_path.write_text(render_config(self.root_dir, self.pause_image,
-                                                  self.snapshotter, self.cni_conf_dir))
+                                                  self.snapshotter, self.cni_conf_dir,
+                                                  self.nri_socket if self.nri else None))
         self._build_images()
         self._prepared = True
         self.timings["prepare"] = time.monotonic() - began

@@ -52,10 +52,11 @@ __all__ = [
 
 SUITE = "trixie"
 # systemd as PID 1 (systemd-sysv), its bus (dbus: systemctl and busctl talk to PID 1 over
-# it) and udev; the runtime; tc for the network plugin; Python and pip for the project;
-# kmod to load the modules below; procps for ps/pgrep when debugging a run.
+# it) and udev; the runtime; tc for the network plugin; Python, pip and the project's build
+# backend (setuptools: the project installs with --no-build-isolation, offline); kmod to load
+# the modules below; procps for ps/pgrep when debugging a run.
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "udev", "containerd", "runc", "iproute2",
-            "python3", "python3-pip", "kmod", "procps")
+            "python3", "python3-pip", "python3-setuptools", "kmod", "procps")
 # The host's kernel meta-package: its dependency names the versioned image package.
 KERNEL_META = "linux-image-amd64"
 # Modules the scenario loads (everything else it needs is built in): HTB and its

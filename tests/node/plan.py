@@ -20,7 +20,9 @@ from typing import Any
 import yaml
 from runtimeproxy.hooks.cgroups import expand_slice, shares_to_weight
 
-from runtimeproxy.play.kubelet import QOSClass, milli_cpu_to_quota, milli_cpu_to_shares, pod_cgroup_parent
+from runtimeproxy.play.cri_resources import milli_cpu_to_quota, milli_cpu_to_shares
+from runtimeproxy.play.kubelet import pod_cgroup_parent
+from runtimeproxy.play.qos import KubeQoSClass
 from runtimeproxy.testbed.noderun import GUEST_DIR
 
 RECONCILE_INTERVAL_S = 5
@@ -51,7 +53,7 @@ class Pod:
 
     name: str
     uid: str
-    qos: QOSClass
+    qos: KubeQoSClass
     requests: dict[str, str] = field(default_factory=dict)
     limits: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
@@ -118,26 +120,26 @@ def _extended(requests: dict[str, str], limits: dict[str, str]) -> str:
 
 
 PODS = (
-    Pod("lsr", "00000000-0000-4000-8000-00000000a001", QOSClass.GUARANTEED,
+    Pod("lsr", "00000000-0000-4000-8000-00000000a001", KubeQoSClass.GUARANTEED,
         requests={"cpu": "1", "memory": "64Mi"}, limits={"cpu": "1", "memory": "64Mi"},
         labels={QOS_LABEL: "LSR"}, annotations={RESOURCE_STATUS: json.dumps({"cpuset": "1"})}),
-    Pod("ls", "00000000-0000-4000-8000-00000000a002", QOSClass.BURSTABLE,
+    Pod("ls", "00000000-0000-4000-8000-00000000a002", KubeQoSClass.BURSTABLE,
         requests={"cpu": "200m", "memory": "64Mi"}, limits={"cpu": "500m", "memory": "128Mi"},
         labels={QOS_LABEL: "LS"},
         annotations={EXTENDED_SPEC: _extended({"memory": "64Mi"}, {"memory": "128Mi"})},
         observe_s=6),
-    Pod("be", "00000000-0000-4000-8000-00000000a003", QOSClass.BEST_EFFORT,
+    Pod("be", "00000000-0000-4000-8000-00000000a003", KubeQoSClass.BEST_EFFORT,
         labels={QOS_LABEL: "BE"},
         annotations={EXTENDED_SPEC: _extended({"kubernetes.io/batch-cpu": "500"},
                                               {"kubernetes.io/batch-cpu": "1000"})},
         observe_s=12),
-    Pod("guaranteed", "00000000-0000-4000-8000-00000000a004", QOSClass.GUARANTEED,
+    Pod("guaranteed", "00000000-0000-4000-8000-00000000a004", KubeQoSClass.GUARANTEED,
         requests={"cpu": "500m", "memory": "64Mi"}, limits={"cpu": "500m", "memory": "64Mi"}),
-    Pod("burstable", "00000000-0000-4000-8000-00000000a005", QOSClass.BURSTABLE,
+    Pod("burstable", "00000000-0000-4000-8000-00000000a005", KubeQoSClass.BURSTABLE,
         requests={"cpu": "100m", "memory": "32Mi"}, limits={"memory": "64Mi"}),
-    Pod("besteffort", "00000000-0000-4000-8000-00000000a006", QOSClass.BEST_EFFORT),
+    Pod("besteffort", "00000000-0000-4000-8000-00000000a006", KubeQoSClass.BEST_EFFORT),
 )
-RESTART_POD = Pod("restart", "00000000-0000-4000-8000-00000000a007", QOSClass.BURSTABLE,
+RESTART_POD = Pod("restart", "00000000-0000-4000-8000-00000000a007", KubeQoSClass.BURSTABLE,
                   requests={"cpu": "100m"}, limits={"cpu": "200m"}, labels={QOS_LABEL: "LS"})
 # Issue 13: a BE sibling deleted (through the proxy) and its slice stopped, as kubelet does,
 # while the other pods' slice files are sampled, and for 5 s after.

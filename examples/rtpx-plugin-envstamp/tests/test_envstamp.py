@@ -14,7 +14,8 @@ import grpc.aio
 import pytest
 from rtpx_plugin_envstamp import ANNOTATION, ENV_VAR, SOURCE_ANNOTATION, plugin
 from runtimeproxy.hooks.cgroups import CgroupVersion, shares_to_weight, weight_to_shares
-from runtimeproxy.hooks.sdk import HookPoint, PluginRunner, discover_plugins
+from runtimeproxy.hooks.policy import PolicyError
+from runtimeproxy.hooks.sdk import HookPoint, PluginRunner, ServerContext, discover_plugins
 from runtimeproxy.hooks.server import RuntimeHooksServer, ServerSettings
 from runtimeproxy.hooks.testkit import FakeCgroup, container, container_request, pod, run_plugin
 from structlog.testing import capture_logs
@@ -39,7 +40,8 @@ def test_the_plugin_is_installed_as_an_entry_point() -> None:
     [found] = [p for p in discovery.plugins if p.name == "envstamp"]
     assert found is plugin
     assert found.describe()["hooks"] == ["PreCreateContainer", "PostStartContainer"]
-    assert found.failure_policy == "ignore" and found.policy_section is None
+    assert found.failure_policy == "ignore"
+    assert found.describe()["settings"] == ["LSE", "LSR", "LS", "BE", "SYSTEM"]  # its policy section's keys
 
 
 # --- PreCreateContainer: the stamp -------------------------------------------------------------
@@ -92,6 +94,45 @@ async def test_through_the_hook_server() -> None:
         await server.stop(0)
         runner.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# --- settings and state ------------------------------------------------------------------------
+
+POLICY = "envstamp:\n  BE: {variable: QOS_CLASS}\n  SYSTEM: {enabled: false}\n"
+
+
+async def test_the_policy_file_sets_the_variable_per_class() -> None:
+    be = await run_plugin(plugin, CREATE, pod=pod(kube_qos="besteffort"), policy=POLICY)
+    ls = await run_plugin(plugin, CREATE, pod=pod(kube_qos="burstable"), policy=POLICY)
+    assert be.response.env.items() == [("QOS_CLASS", "BE")]
+    assert ls.response.env.items() == [(ENV_VAR, "LS")]  # not in the file: the default
+
+
+async def test_a_class_switched_off_is_not_stamped() -> None:
+    result = await run_plugin(plugin, CREATE, pod=pod(qos="SYSTEM"), policy=POLICY)
+    assert result.applied == [] and result.response.is_empty()
+    assert result.skipped == {"envstamp": "envstamp.SYSTEM.enabled is false"}
+
+
+async def test_a_bad_policy_is_refused_with_its_path() -> None:
+    with pytest.raises(PolicyError, match=r"envstamp\.BE\.enabled: must be true or false, got 1"):
+        await run_plugin(plugin, CREATE, pod=pod(), policy="envstamp: {BE: {enabled: 1}}")
+
+
+async def test_the_state_counts_stamped_containers_for_the_whole_server(fake_cgroup_v2: FakeCgroup) -> None:
+    runner = PluginRunner([plugin], context=ServerContext(cgroups=fake_cgroup_v2.fs()))
+    try:
+        for kube_qos in ("besteffort", "besteffort", "burstable"):
+            await runner.run(CREATE, pod=pod(kube_qos=kube_qos), container=container())
+        web = pod(kube_qos="burstable", cgroups=fake_cgroup_v2)
+        app = container(id=CONTAINER_ID, pod=web, cgroups=fake_cgroup_v2)
+        with capture_logs() as logs:
+            await runner.run(STARTED, pod=web, container=app)
+    finally:
+        runner.close()
+    assert runner.state_of("envstamp") == {"BE": 2, "LS": 1}
+    [record] = [r for r in logs if r["event"] == "envstamp: container started"]
+    assert record["stamped"] == 3
 
 
 # --- PostStartContainer: reading the container's cgroup --------------------------------------

@@ -1,0 +1,8 @@
+"""runtime-hooks as an NRI plugin (``runtime-hooks serve --nri-socket``): docs/nri.md.
+
+ttrpc framing (ttrpc.py), NRI's connection multiplexing (mux.py), unary ttrpc endpoints
+(rpc.py), the socket connection (connection.py), registration and reconnection (plugin.py),
+the Plugin service answered by the plugin runner (service.py), NRI data as the plugins see it
+(mapping.py), which hook points run in which mode (modes.py), metrics (metrics.py), what
+`serve` starts (serving.py).
+"""

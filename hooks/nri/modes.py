@@ -1,0 +1,120 @@
+"""Which hook points run in which mode: through the proxy, or at which NRI event.
+
+Through the proxy every hook point runs around its CRI call. Over NRI (containerd/nri 0.6.1)
+the runtime reports events instead; each runs the hook points below, in order. Two hook
+points have no NRI event and never run in NRI mode (:data:`NOT_IN_NRI` says why). NRI's
+RemoveContainer has no hook point of ours and is not subscribed.
+
+====================  ================================================  ==================
+NRI event             hook points                                       answer applied
+====================  ================================================  ==================
+RunPodSandbox         PreRunPodSandbox                                  none (notification)
+StopPodSandbox        PostStopPodSandbox                                none
+RemovePodSandbox      PreRemovePodSandbox, PostRemovePodSandbox         none
+CreateContainer       PreCreateContainer                                ContainerAdjustment
+PostCreateContainer   PostCreateContainer                               none
+StartContainer        PreStartContainer                                 none
+PostStartContainer    PostStartContainer                                none
+UpdateContainer       PreUpdateContainerResources                       ContainerUpdate
+PostUpdateContainer   PostUpdateContainerResources                      none
+StopContainer         PostStopContainer (after the container stopped)   none
+====================  ================================================  ==================
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Final
+
+from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
+from runtimeproxy.dispatch.hookpoints import HookPoint
+
+__all__ = ["EVENT_NAMES", "EVENT_POINTS", "NOT_IN_NRI", "Mode", "event_mask", "events_for", "modes_of"]
+
+
+class Mode(enum.StrEnum):
+    PROXY = "proxy"
+    NRI = "nri"
+
+
+_E = nri_pb.Event
+#: NRI event number -> the hook points it runs, in order.
+EVENT_POINTS: Final[Mapping[int, tuple[HookPoint, ...]]] = MappingProxyType(
+    {
+        _E.RUN_POD_SANDBOX: (HookPoint.PRE_RUN_POD_SANDBOX,),
+        _E.STOP_POD_SANDBOX: (HookPoint.POST_STOP_POD_SANDBOX,),
+        _E.REMOVE_POD_SANDBOX: (HookPoint.PRE_REMOVE_POD_SANDBOX, HookPoint.POST_REMOVE_POD_SANDBOX),
+        _E.CREATE_CONTAINER: (HookPoint.PRE_CREATE_CONTAINER,),
+        _E.POST_CREATE_CONTAINER: (HookPoint.POST_CREATE_CONTAINER,),
+        _E.START_CONTAINER: (HookPoint.PRE_START_CONTAINER,),
+        _E.POST_START_CONTAINER: (HookPoint.POST_START_CONTAINER,),
+        _E.UPDATE_CONTAINER: (HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,),
+        _E.POST_UPDATE_CONTAINER: (HookPoint.POST_UPDATE_CONTAINER_RESOURCES,),
+        _E.STOP_CONTAINER: (HookPoint.POST_STOP_CONTAINER,),
+    }
+)
+
+#: NRI event number -> its name as NRI's docs and our logs and metrics write it.
+EVENT_NAMES: Final[Mapping[int, str]] = MappingProxyType(
+    {
+        _E.RUN_POD_SANDBOX: "RunPodSandbox",
+        _E.STOP_POD_SANDBOX: "StopPodSandbox",
+        _E.REMOVE_POD_SANDBOX: "RemovePodSandbox",
+        _E.CREATE_CONTAINER: "CreateContainer",
+        _E.POST_CREATE_CONTAINER: "PostCreateContainer",
+        _E.START_CONTAINER: "StartContainer",
+        _E.POST_START_CONTAINER: "PostStartContainer",
+        _E.UPDATE_CONTAINER: "UpdateContainer",
+        _E.POST_UPDATE_CONTAINER: "PostUpdateContainer",
+        _E.STOP_CONTAINER: "StopContainer",
+        _E.REMOVE_CONTAINER: "RemoveContainer",
+    }
+)
+
+#: Hook points no NRI 0.6.1 event runs, and why.
+NOT_IN_NRI: Final[Mapping[HookPoint, str]] = MappingProxyType(
+    {
+        HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES: "NRI 0.6.1 has no pod update event",
+        HookPoint.PRE_STOP_CONTAINER: "NRI reports StopContainer after the container stopped (PostStopContainer)",
+    }
+)
+
+
+def events_for(points: Iterable[HookPoint]) -> list[int]:
+    """The NRI events that run at least one of ``points``, in event order."""
+    wanted = set(points)
+    return [event for event, run in EVENT_POINTS.items() if wanted & set(run)]
+
+
+def event_mask(points: Iterable[HookPoint]) -> int:
+    """ConfigureResponse.events for ``points``: bit (event - 1) per event (nri api/event.go).
+    Never 0 for no points, which NRI would read as "every event": then only RemoveContainer,
+    which runs nothing."""
+    mask = sum(1 << (event - 1) for event in events_for(points))
+    return mask or 1 << (_E.REMOVE_CONTAINER - 1)
+
+
+def modes_of(points: Iterable[HookPoint]) -> dict[str, list[str]]:
+    """Per mode, which of ``points`` run (in hook point order), and those NRI never runs."""
+    chosen = set(points)
+    ordered = [point for point in HookPoint if point in chosen]
+    return {
+        Mode.PROXY.value: [point.value for point in ordered],
+        Mode.NRI.value: [point.value for point in ordered if point not in NOT_IN_NRI],
+        "not_in_nri": [point.value for point in ordered if point in NOT_IN_NRI],
+    }
+
+
+def mode_lines(plugins: Iterable[tuple[str, Iterable[HookPoint]]]) -> list[str]:
+    """One line per (plugin name, its hook points): what it gets in NRI mode, for ``plugins``
+    and ``explain`` (in proxy mode it gets all of them)."""
+    lines = []
+    for name, points in plugins:
+        modes = modes_of(points)
+        line = f"{name}: in NRI mode {', '.join(modes[Mode.NRI.value]) or 'no hook point'}"
+        for missing in modes["not_in_nri"]:
+            line += f"; never {missing} ({NOT_IN_NRI[HookPoint(missing)]})"
+        lines.append(line)
+    return lines

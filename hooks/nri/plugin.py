@@ -1,0 +1,198 @@
+"""runtime-hooks as an NRI plugin: register, get configured and synchronized, stay connected.
+
+:meth:`NriPlugin.start` connects to the runtime's NRI socket (hooks/nri/connection.py),
+registers (Runtime.RegisterPlugin with our name and two-digit index; the runtime gives a
+plugin 5 s for it) and waits until the runtime has configured (Configure: our event
+subscription) and synchronized it (Synchronize: the pods it has). Only then is the plugin
+in the runtime's list and does it get events; start() returns, or raises NriUnavailable /
+RpcError / TimeoutError with the reason, so ``serve`` refuses to start with a clear error.
+
+**Reconnecting.** When the connection ends -- the runtime restarts or shuts NRI down, or
+dropped us for a missed deadline -- the plugin connects and registers again, retrying
+with a backoff (0.2 s doubling to 5 s) for as long as it runs; each failure is logged
+with its reason, the reconnection once done. Events of the time between are lost to us
+(the runtime does not queue them); Synchronize on reconnection hands the reconciler the
+runtime's pods again. :meth:`stop` closes the connection for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+from dataclasses import dataclass
+from typing import Any, Final
+
+import structlog
+
+from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
+
+from .connection import NriConnection, NriUnavailable, connect
+from .rpc import Method, RpcError
+from .service import PLUGIN_SERVICE, RUNTIME_SERVICE, NriHooks
+
+__all__ = ["DEFAULT_PLUGIN_INDEX", "DEFAULT_PLUGIN_NAME", "NriPlugin", "NriSettings"]
+
+log = structlog.get_logger("runtimeproxy.hooks.nri")
+
+DEFAULT_PLUGIN_NAME: Final = "runtime-hooks"
+DEFAULT_PLUGIN_INDEX: Final = 50
+#: NRI's DefaultPluginRegistrationTimeout: the runtime waits this long for RegisterPlugin.
+REGISTRATION_TIMEOUT: Final = 5.0
+
+
+@dataclass(frozen=True)
+class NriSettings:
+    """``socket``: the runtime's NRI socket; ``index`` 0..99 (the order among NRI plugins);
+    ``ready_timeout``: seconds start() waits for registration, Configure and Synchronize."""
+
+    socket: str
+    plugin_name: str = DEFAULT_PLUGIN_NAME
+    plugin_index: int = DEFAULT_PLUGIN_INDEX
+    ready_timeout: float = 2 * REGISTRATION_TIMEOUT
+    reconnect_min: float = 0.2
+    reconnect_max: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.plugin_index <= 99:
+            raise ValueError(f"NRI plugin index {self.plugin_index} is not 0..99")
+        if not self.plugin_name:
+            raise ValueError("the NRI plugin name is empty")
+
+
+class _Session:
+    """One connection's progress through registration."""
+
+    def __init__(self) -> None:
+        self.configured = asyncio.Event()
+        self.synchronized = asyncio.Event()
+        self.shutdown = False
+
+
+async def _synchronized(session: _Session, connection: NriConnection) -> None:
+    """Wait for Synchronize; NriUnavailable when the runtime closes the connection first
+    (it refused the registration, or went down)."""
+    synced = asyncio.ensure_future(session.synchronized.wait())
+    waited: list[asyncio.Future[Any]] = [synced, connection.closed]
+    try:
+        await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        synced.cancel()
+    if not session.synchronized.is_set():
+        reason = connection.closed.result()
+        raise NriUnavailable(errno.ECONNRESET, f"NRI closed the connection while registering us: {reason}")
+
+
+class NriPlugin:
+    """The NRI plugin serving ``hooks``' Plugin service; see the module doc."""
+
+    def __init__(self, hooks: NriHooks, settings: NriSettings) -> None:
+        self.hooks = hooks
+        self.settings = settings
+        self.connection: NriConnection | None = None
+        self.registrations = 0
+        self._session = _Session()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def name(self) -> str:
+        """The name the runtime knows us by ("50-runtime-hooks")."""
+        return f"{self.settings.plugin_index:02d}-{self.settings.plugin_name}"
+
+    async def start(self) -> None:
+        """Connect and register, waiting until synchronized; then keep reconnecting in the background."""
+        self._stopping = False
+        await self._connect()
+        self._task = asyncio.get_running_loop().create_task(self._stay_connected(), name="runtime-hooks-nri")
+
+    async def stop(self) -> None:
+        """Close the connection and stop reconnecting."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            await connection.close()
+        self.hooks.metrics.connected.set(0)
+
+    async def _connect(self) -> None:
+        session = _Session()
+        connection = await connect(self.settings.socket, self._methods(session))
+        try:
+            async with asyncio.timeout(self.settings.ready_timeout):
+                request = nri_pb.RegisterPluginRequest(
+                    plugin_name=self.settings.plugin_name, plugin_idx=f"{self.settings.plugin_index:02d}"
+                )
+                await connection.client.call(
+                    RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(), REGISTRATION_TIMEOUT
+                )
+                await _synchronized(session, connection)
+        except TimeoutError:
+            await connection.close()
+            stage = "Synchronize" if session.configured.is_set() else "Configure"
+            raise TimeoutError(
+                f"NRI at {self.settings.socket} took our registration but sent no {stage} within "
+                f"{self.settings.ready_timeout:g}s"
+            ) from None
+        except BaseException:
+            await connection.close()
+            raise
+        self.connection, self._session = connection, session
+        self.registrations += 1
+        self.hooks.metrics.connected.set(1)
+        log.info("registered as an NRI plugin", socket=self.settings.socket, plugin=self.name)
+
+    def _methods(self, session: _Session) -> dict[tuple[str, str], Method]:
+        """The service's methods, noting this session's Configure, Synchronize and Shutdown."""
+        methods = self.hooks.methods()
+
+        def noting(name: str, mark: asyncio.Event | None) -> None:
+            inner = methods[(PLUGIN_SERVICE, name)]
+
+            async def method(payload: bytes, timeout: float | None) -> bytes:
+                answer = await inner(payload, timeout)
+                if mark is not None:
+                    mark.set()
+                else:
+                    session.shutdown = True
+                return answer
+
+            methods[(PLUGIN_SERVICE, name)] = method
+
+        noting("Configure", session.configured)
+        noting("Synchronize", session.synchronized)
+        noting("Shutdown", None)
+        return methods
+
+    async def _stay_connected(self) -> None:
+        while not self._stopping:
+            connection = self.connection
+            assert connection is not None
+            reason = await connection.closed
+            self.hooks.metrics.connected.set(0)
+            if self._stopping:
+                return
+            if self._session.shutdown:
+                reason = f"the runtime shut NRI down ({reason})"
+            log.warning("NRI connection lost; reconnecting", reason=reason, socket=self.settings.socket)
+            await self._reconnect()
+
+    async def _reconnect(self) -> None:
+        delay = self.settings.reconnect_min
+        attempts = 0
+        while True:
+            await asyncio.sleep(delay)
+            attempts += 1
+            try:
+                await self._connect()
+            except (NriUnavailable, RpcError, TimeoutError) as exc:
+                log.warning("NRI reconnection failed", error=str(exc), attempts=attempts, retry_in_s=delay)
+                delay = min(delay * 2, self.settings.reconnect_max)
+                continue
+            self.hooks.metrics.reconnects.inc()
+            log.info("NRI plugin re-registered", attempts=attempts, plugin=self.name)
+            return

@@ -1,0 +1,63 @@
+"""The fields of a container's resources (CRI ``LinuxContainerResources``), in one place.
+
+Read from the compiled descriptor rather than spelled out, so that a field added to the
+proto reaches every user of these lists (merge rules, the store's view of updates, plugin
+test builders) instead of being silently left out of one of them. The hook API's
+``LinuxContainerResources`` carries the same fields under the same numbers (protocol.py
+converts between the two by re-encoding; tests/test_dispatch_resource_fields.py checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final, TypeVar, cast
+
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+from runtimeproxy.api.runtime.v1 import api_pb2 as cri
+
+__all__ = ["FIELDS", "INTS", "SCALARS", "STRINGS", "fill", "is_map"]
+
+M = TypeVar("M", bound=Message)
+
+_DESCRIPTOR: Final = cast(Descriptor, cri.LinuxContainerResources.DESCRIPTOR)
+
+
+def is_map(fd: Any) -> bool:
+    """Whether the FieldDescriptor ``fd`` (pure-Python or upb) is a protobuf map (a repeated
+    entry message marked map_entry)."""
+    entry = fd.message_type
+    return entry is not None and entry.GetOptions().map_entry
+
+
+def _names(keep: Callable[[FieldDescriptor], bool]) -> tuple[str, ...]:
+    return tuple(fd.name for fd in sorted(_DESCRIPTOR.fields, key=lambda fd: fd.number) if keep(fd))
+
+
+#: Every field, in field-number order.
+FIELDS: Final = _names(lambda fd: True)
+#: The single-valued fields (numbers and strings), where 0 / "" is proto3's "not set".
+SCALARS: Final = _names(lambda fd: not fd.is_repeated and fd.message_type is None)
+#: The numeric ones among SCALARS.
+INTS: Final = _names(lambda fd: not fd.is_repeated and fd.cpp_type == FieldDescriptor.CPPTYPE_INT64)
+#: The string ones among SCALARS.
+STRINGS: Final = _names(lambda fd: not fd.is_repeated and fd.type == FieldDescriptor.TYPE_STRING)
+
+
+def fill(message: M, source: Any) -> M:
+    """Set every resource field of ``message`` (CRI's or the hook API's LinuxContainerResources)
+    from the attributes of the same names on ``source`` (e.g. the plugin SDK's ``Resources``);
+    list items (``hugepage_limits``) are read by their fields' names too. Returns ``message``."""
+    for fd in message.DESCRIPTOR.fields:
+        value, target = getattr(source, fd.name), getattr(message, fd.name)
+        if is_map(fd):
+            target.update(value)
+        elif fd.is_repeated and fd.message_type is not None:
+            for item in value:
+                target.add(**{sub.name: getattr(item, sub.name) for sub in fd.message_type.fields})
+        elif fd.is_repeated:
+            target.extend(value)
+        else:
+            setattr(message, fd.name, value)
+    return message

@@ -1,0 +1,275 @@
+"""runtime-hooks as an NRI plugin of the real containerd 1.7, with no proxy in the path.
+
+The test bed is trixie's containerd 1.7.24 with NRI on (``Containerd(nri=True)``: its socket in
+the bed's temporary root). ``runtime-hooks serve --nri-socket`` runs as a subprocess with the
+built-in plugins, the example plugin (envstamp) and the fake resctrl tree of
+tests/test_e2e_runtime_hooks.py; pods are created with the CRI client directly on containerd.
+Parity: the same pods are then run through ``runtime-proxy serve`` with runtime-hooks in proxy
+mode on the same containerd, and every value read back (real cgroup v1 files, the container's
+environment, the fake resctrl tree) must be equal, and equal to the values worked out by hand.
+Then: a containerd restart (runtime-hooks reconnects and registers again, and the next pod
+gets its values), and the errors when the socket is missing or NRI is off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import start_testbed
+from daemons import eventually
+from test_e2e_runtime_hooks import (
+    BE_BATCH,
+    CALL_TIMEOUT,
+    FAKE_RESCTRL,
+    HOOKS,
+    LS_QUOTA,
+    QOS_LABEL,
+    ContainerSpec,
+    Node,
+    Pod,
+    policy_text,
+    read,
+    read_int,
+    run_be_pod,
+    run_ls_pod,
+    threads,
+    write_atomically,
+)
+
+from runtimeproxy.api.runtime.v1 import api_pb2 as pb
+from runtimeproxy.cri_client import CriClient
+from runtimeproxy.testbed import Containerd
+
+pytestmark = [pytest.mark.e2e, pytest.mark.containerd_series("1.7")]
+
+REPO = Path(__file__).resolve().parent.parent
+ENVSTAMP_SRC = REPO / "examples" / "rtpx-plugin-envstamp" / "src" / "rtpx_plugin_envstamp"
+ENVSTAMP_DIST = "rtpx_plugin_envstamp-1.0.0.dist-info"
+RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+REGISTERED_TIMEOUT = 20.0
+
+
+@pytest.fixture(scope="module")
+def nri_containerd() -> Iterator[Containerd]:
+    """containerd 1.7 with NRI on, for this module only (the shared beds have it off)."""
+    bed = start_testbed("1.7", nri=True)
+    yield bed
+    bed.stop()
+
+
+class NriNode(Node):
+    """Node of tests/test_e2e_runtime_hooks.py, with the example plugin as the extra plugin and a
+    way to start runtime-hooks as an NRI plugin alone (no proxy, no registration directory)."""
+
+    def _write_extra_plugins(self) -> Path:
+        directory = self.workdir / "envstamp"
+        if directory.exists():  # written for an earlier start
+            return directory
+        shutil.copytree(ENVSTAMP_SRC, directory / ENVSTAMP_SRC.name)
+        dist = directory / ENVSTAMP_DIST
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rtpx-plugin-envstamp\nVersion: 1.0.0\n")
+        (dist / "entry_points.txt").write_text("[runtimeproxy.hooks]\nenvstamp = rtpx_plugin_envstamp:plugin\n")
+        return directory
+
+    def start_nri(self, policy: str, *extra: str) -> None:
+        write_atomically(self.policy, policy)
+        args = self.hooks_args(
+            HOOKS,
+            self.resctrl_root,
+            "--runtime-endpoint",
+            self.containerd.address,
+            "--policy",
+            str(self.policy),
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--nri-socket",
+            str(self.containerd.nri_socket),
+            *extra,
+        )
+        at = args.index("--hook-config-dir")
+        del args[at : at + 2]  # NRI mode alone
+        path = [str(self.kernel_dir), str(self._write_extra_plugins()), os.environ.get("PYTHONPATH", "")]
+        self.hooks = self.start_daemon(
+            "hooks-nri",
+            args,
+            {
+                "PYTHONPATH": os.pathsep.join(p for p in path if p),
+                "RTPX_E2E_FAKE_RESCTRL": json.dumps({"root": str(self.resctrl_root), "options": FAKE_RESCTRL}),
+            },
+        )
+        ready = self.hooks.wait_record(lambda r: r.get("event") == "ready")
+        self.metrics_url = f"http://{ready['metrics_address']}/metrics"
+
+
+@pytest.fixture
+def node(nri_containerd: Containerd) -> Iterator[NriNode]:
+    made = NriNode(nri_containerd)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+# -- pods and what is read back ----------------------------------------------------------------------
+
+LSR_CPU = "1"  # the scheduler's cpuset for the LSR pod (the VM has CPUs 0-1)
+
+
+def run_lsr_pod(node: Node, cri: CriClient) -> Pod:
+    """A Guaranteed pod labelled LSR, pinned to CPU 1 by the scheduler's annotation."""
+    resources = pb.LinuxContainerResources(
+        cpu_period=100_000, cpu_quota=100_000, cpu_shares=1024, memory_limit_in_bytes=64 << 20
+    )
+    return node.run_pod(
+        cri,
+        "lsr",
+        qos_parent="guaranteed",
+        labels={QOS_LABEL: "LSR"},
+        annotations={RESOURCE_STATUS: json.dumps({"cpuset": LSR_CPU})},
+        containers=[ContainerSpec("app", resources)],
+    )
+
+
+def env_of(cri: CriClient, container_id: str, name: str) -> str:
+    request = pb.ExecSyncRequest(container_id=container_id, cmd=["sh", "-c", f"echo ${{{name}-unset}}"], timeout=10)
+    reply = cri.runtime.ExecSync(request, timeout=CALL_TIMEOUT)
+    assert reply.exit_code == 0, reply.stderr
+    return str(reply.stdout.decode().strip())
+
+
+def observe(node: Node, cri: CriClient) -> dict[str, Any]:
+    """Run the BE, LS and LSR pods through ``cri`` and read back everything the plugins decide."""
+    be, ls, lsr = run_be_pod(node, cri), run_ls_pod(node, cri), run_lsr_pod(node, cri)
+    seen: dict[str, Any] = {"be pod quota": read_int("cpu", "cpu.cfs_quota_us", be.parent)}
+    for name, container_id in be.containers.items():
+        seen[f"be {name}"] = {
+            "quota": read_int("cpu", "cpu.cfs_quota_us", be.parent, container_id),
+            "period": read_int("cpu", "cpu.cfs_period_us", be.parent, container_id),
+            "shares": read_int("cpu", "cpu.shares", be.parent, container_id),
+            "env": env_of(cri, container_id, "RTPX_QOS"),
+        }
+    app = ls.containers["app"]
+    seen["ls app"] = {
+        "quota": read_int("cpu", "cpu.cfs_quota_us", ls.parent, app),
+        "shares": read_int("cpu", "cpu.shares", ls.parent, app),
+        "memory limit": read_int("memory", "memory.limit_in_bytes", ls.parent, app),
+        "env": env_of(cri, app, "RTPX_QOS"),
+    }
+    seen["ls pod quota"] = read_int("cpu", "cpu.cfs_quota_us", ls.parent)
+    app = lsr.containers["app"]
+    seen["lsr app"] = {
+        "cpus": read("cpuset", "cpuset.cpus", lsr.parent, app),
+        "quota": read_int("cpu", "cpu.cfs_quota_us", lsr.parent, app),
+        "env": env_of(cri, app, "RTPX_QOS"),
+    }
+    # resctrl (fake tree): the BE containers' threads join the BE group at PostStartContainer.
+    tids = set().union(*(threads(be.parent, cid) for cid in be.containers.values()))
+    eventually(lambda: tids <= node.group_tasks("rtpx-BE"), 5.0, node.hooks_log)
+    seen["be threads in rtpx-BE"] = True
+    seen["be threads elsewhere"] = sorted(tids & (node.group_tasks("rtpx-LS") | node.group_tasks("rtpx-LSR")))
+    return seen
+
+
+EXPECTED: dict[str, Any] = {
+    # BE: quota = batch-cpu limit * 100 us / 1 m, shares = request * 1024 / 1000; pod: the sum.
+    "be pod quota": sum(limit for _, limit in BE_BATCH.values()) * 100,
+    **{
+        f"be {name}": {"quota": limit * 100, "period": 100_000, "shares": request * 1024 // 1000, "env": "BE"}
+        for name, (request, limit) in BE_BATCH.items()
+    },
+    # LS keeps kubelet's values (container and the pod cgroup kubelet made).
+    "ls app": {"quota": LS_QUOTA, "shares": 256, "memory limit": 128 << 20, "env": "LS"},
+    "ls pod quota": LS_QUOTA,
+    # LSR: pinned to the scheduler's CPU, its CFS quota lifted.
+    "lsr app": {"cpus": LSR_CPU, "quota": -1, "env": "LSR"},
+    "be threads in rtpx-BE": True,
+    "be threads elsewhere": [],
+}
+
+
+def test_nri_pods_get_the_same_values_as_through_the_proxy(node: NriNode) -> None:
+    node.start_nri(policy_text(interval=600))  # no reconcile round in between: the hooks did it all
+    assert node.hooks is not None
+    registered = node.hooks.wait_record(lambda r: r.get("event") == "registered as an NRI plugin")
+    assert registered["plugin"] == "50-runtime-hooks"
+    assert not list(node.config_dir.glob("*.json")), "NRI mode alone registers nothing for a proxy"
+    with CriClient(node.containerd.address, timeout=CALL_TIMEOUT) as cri:  # containerd itself
+        over_nri = observe(node, cri)
+    assert over_nri == EXPECTED, node.hooks_log()
+    handled = [r for r in node.hooks.records() if r.get("event") == "NRI event handled"]
+    assert {r["nri_event"] for r in handled} >= {"RunPodSandbox", "CreateContainer", "PostStartContainer"}
+    assert all(r["outcome"] == "ok" for r in handled), handled
+    assert node.hooks_metric("runtimehooks_nri_connected") == 1
+    assert (
+        node.hooks_metric(
+            "runtimeproxy_hooks_plugin_calls_total", plugin="cpu", hook="PreCreateContainer", outcome="ok"
+        )
+        >= 4
+    )
+    assert node.hooks.terminate() == 0, node.hooks_log()
+    node.containerd.remove_all_pods()
+
+    # The same pods through the proxy, runtime-hooks in proxy mode (NRI has no plugin now; the
+    # fake resctrl tree stays and the new process takes it over).
+    node.start(policy_text(interval=600), extra_plugins=True)
+    with CriClient(str(node.proxy_endpoint), timeout=CALL_TIMEOUT) as cri:
+        through_proxy = observe(node, cri)
+    assert through_proxy == over_nri
+
+
+def test_nri_plugin_reconnects_after_a_containerd_restart(node: NriNode) -> None:
+    node.start_nri(policy_text(interval=600))
+    assert node.hooks is not None
+    node.containerd.restart()
+    node.hooks.wait_record(lambda r: r.get("event") == "NRI connection lost; reconnecting", REGISTERED_TIMEOUT)
+    again = node.hooks.wait_record(lambda r: r.get("event") == "NRI plugin re-registered", REGISTERED_TIMEOUT)
+    assert again["plugin"] == "50-runtime-hooks"
+    assert node.hooks_metric("runtimehooks_nri_reconnects_total") == 1
+    assert node.hooks_metric("runtimehooks_nri_connected") == 1
+    with CriClient(node.containerd.address, timeout=CALL_TIMEOUT) as cri:
+        be = run_be_pod(node, cri)
+    name, (request, limit) = next(iter(BE_BATCH.items()))
+    assert read_int("cpu", "cpu.cfs_quota_us", be.parent, be.containers[name]) == limit * 100
+    assert read_int("cpu", "cpu.shares", be.parent, be.containers[name]) == request * 1024 // 1000
+    assert node.hooks.alive
+
+
+def _serve_once(node: Node, socket: str) -> subprocess.CompletedProcess[str]:
+    args = node.hooks_args([*HOOKS[:2], "from runtimeproxy.hooks.cli import main; main()"], node.resctrl_root)
+    args += ["--nri-socket", socket, "--runtime-endpoint", ""]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNTIME_HOOKS_", "NOTIFY_SOCKET"))}
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
+@pytest.mark.parametrize("case", ["nri off", "missing", "not a socket"])
+def test_clear_errors_when_nri_is_unreachable(node: NriNode, containerd: Containerd, case: str) -> None:
+    if case == "nri off":  # the shared 1.7 bed: NRI not enabled, so no socket where it would be
+        socket = containerd.nri_socket
+        expected = "does not exist: the runtime is not running, or NRI is disabled"
+    elif case == "missing":
+        socket = node.workdir / "no-such.sock"
+        expected = "does not exist"
+    else:
+        socket = node.workdir / "plain-file"
+        socket.write_text("")
+        expected = "is not a socket"
+    done = _serve_once(node, str(socket))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"runtime-hooks: NRI socket {socket} {expected}" in done.stderr or (
+        f"runtime-hooks: {socket} {expected}" in done.stderr
+    ), done.stderr
+    assert 'io.containerd.nri.v1.nri"] disable = false' in done.stderr or case == "not a socket"
+    assert not (node.hooks_endpoint.exists()), "the hook socket is gone after refusing"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))

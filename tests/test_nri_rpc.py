@@ -1,0 +1,190 @@
+"""Unary ttrpc (hooks/nri/rpc.py) and the NRI connection (hooks/nri/connection.py) without a runtime:
+a client and a server wired to each other in memory, and a fake runtime on a real unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+from runtimeproxy.hooks.nri.connection import NriUnavailable, connect
+from runtimeproxy.hooks.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, encode_chunks
+from runtimeproxy.hooks.nri.rpc import Method, RpcError, StatusCode, TtrpcClient, TtrpcServer
+from runtimeproxy.hooks.nri.ttrpc import Frame, FrameDecoder, MessageType, encode_frame
+
+from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb
+
+
+async def echo(payload: bytes, timeout: float | None) -> bytes:
+    return payload + b"|" + (b"none" if timeout is None else b"%.1f" % timeout)
+
+
+async def refuse(payload: bytes, timeout: float | None) -> bytes:
+    raise RpcError(StatusCode.FAILED_PRECONDITION, "not now")
+
+
+async def crash(payload: bytes, timeout: float | None) -> bytes:
+    raise KeyError("bug")
+
+
+async def hang(payload: bytes, timeout: float | None) -> bytes:
+    await asyncio.sleep(3600)
+    return b""
+
+
+METHODS: dict[tuple[str, str], Method] = {("s", "echo"): echo, ("s", "refuse"): refuse, ("s", "crash"): crash}
+METHODS[("s", "hang")] = hang
+
+
+def wired() -> tuple[TtrpcClient, TtrpcServer]:
+    """A client whose bytes reach the server and back, one loop turn later (as a socket would)."""
+    loop = asyncio.get_running_loop()
+    client: TtrpcClient
+    server = TtrpcServer(METHODS, lambda data: loop.call_soon(client.feed, data))
+    client = TtrpcClient(lambda data: loop.call_soon(server.feed, data))
+    return client, server
+
+
+async def test_a_call_gets_its_answer_and_the_deadline_travels() -> None:
+    client, _ = wired()
+    assert await client.call("s", "echo", b"hi", timeout=2.0) == b"hi|2.0"
+    assert await client.call("s", "echo", b"again", timeout=1.0) == b"again|1.0"
+
+
+@pytest.mark.parametrize(
+    ("method", "code", "text"),
+    [
+        ("refuse", StatusCode.FAILED_PRECONDITION, "not now"),
+        ("crash", StatusCode.INTERNAL, "KeyError"),
+        ("nope", StatusCode.UNIMPLEMENTED, "s/nope"),
+    ],
+)
+async def test_failures_answer_with_a_status(method: str, code: int, text: str) -> None:
+    client, _ = wired()
+    with pytest.raises(RpcError) as info:
+        await client.call("s", method, b"", timeout=2.0)
+    assert info.value.code == code and text in info.value.message
+
+
+async def test_a_call_past_its_timeout_fails_and_closing_fails_the_rest() -> None:
+    client, server = wired()
+    with pytest.raises(RpcError) as info:
+        await client.call("s", "hang", b"", timeout=0.05)
+    assert info.value.code == StatusCode.DEADLINE_EXCEEDED
+    pending = asyncio.ensure_future(client.call("s", "hang", b"", timeout=10))
+    await asyncio.sleep(0.01)
+    client.close("gone")
+    with pytest.raises(RpcError, match="UNAVAILABLE: gone"):
+        await pending
+    with pytest.raises(RpcError, match="gone"):
+        await client.call("s", "echo", b"", timeout=1)
+    await server.close()
+
+
+def answers(sent: list[bytes]) -> list[tuple[int, int, str]]:
+    """(stream id, status code, message) of the response frames the server sent."""
+    out = []
+    for frame in FrameDecoder().feed(b"".join(sent)):
+        assert isinstance(frame, Frame)
+        response = ttrpc_pb.Response.FromString(frame.payload)
+        out.append((frame.stream_id, response.status.code, response.status.message))
+    return out
+
+
+async def test_the_server_refuses_what_ttrpc_refuses() -> None:
+    sent: list[bytes] = []
+    server = TtrpcServer(METHODS, sent.append)
+    request = ttrpc_pb.Request(service="s", method="echo", payload=b"x").SerializeToString()
+    server.feed(encode_frame(2, MessageType.REQUEST, request))  # even: not a client stream
+    server.feed(encode_frame(3, MessageType.REQUEST, b"\xff\xff"))  # not a Request
+    server.feed(encode_frame(5, MessageType.REQUEST, request))
+    server.feed(encode_frame(5, MessageType.REQUEST, request))  # reused
+    server.feed(encode_frame(7, MessageType.DATA, b""))  # streaming: ignored
+    server.feed(b"\x00\x50\x00\x01\x00\x00\x00\x09\x01\x00")  # 5 MiB announced: refused, skipped
+    await asyncio.sleep(0.01)
+    got = answers(sent)
+    by_stream: dict[int, list[int]] = {}
+    for stream, code, _ in got:
+        by_stream.setdefault(stream, []).append(code)
+    assert by_stream == {
+        2: [StatusCode.INVALID_ARGUMENT],
+        3: [StatusCode.INVALID_ARGUMENT],
+        5: [StatusCode.INVALID_ARGUMENT, StatusCode.OK],  # the reuse is refused at once; the first answered after
+        9: [StatusCode.RESOURCE_EXHAUSTED],
+    }
+    assert all(s != 7 for s, _, _ in got)
+
+
+# -- the connection, against a fake runtime on a unix socket -------------------------------------------
+
+
+async def test_connection_routes_both_services_and_reports_the_close(tmp_path: Path) -> None:
+    path = str(tmp_path / "nri.sock")
+    runtime_done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def runtime(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Calls the plugin's "s/echo" on connection 1 in two chunks, answers the plugin's call on 2.
+        request = ttrpc_pb.Request(service="s", method="echo", payload=b"from-runtime").SerializeToString()
+        wire = encode_chunks(PLUGIN_SERVICE_CONN, encode_frame(1, MessageType.REQUEST, request))
+        writer.write(wire[:5])
+        await writer.drain()
+        writer.write(wire[5:])
+        mux, frames = MuxDecoder(), {PLUGIN_SERVICE_CONN: FrameDecoder(), RUNTIME_SERVICE_CONN: FrameDecoder()}
+        got_answer = got_call = False
+        while not (got_answer and got_call):
+            for conn, chunk in mux.feed(await reader.read(4096)):
+                for frame in frames[conn].feed(chunk):
+                    assert isinstance(frame, Frame)
+                    if conn == PLUGIN_SERVICE_CONN:
+                        got_answer = True
+                        runtime_done.set_result(ttrpc_pb.Response.FromString(frame.payload).payload)
+                    else:
+                        got_call = True
+                        reply = ttrpc_pb.Response(payload=b"registered").SerializeToString()
+                        writer.write(encode_chunks(RUNTIME_SERVICE_CONN, encode_frame(frame.stream_id, 2, reply)))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_unix_server(runtime, path)
+    async with server:
+        connection = await connect(path, METHODS)
+        assert await connection.client.call("rt", "Register", b"", timeout=5) == b"registered"
+        assert await asyncio.wait_for(runtime_done, 5) == b"from-runtime|none"
+        reason = await asyncio.wait_for(connection.closed, 5)
+        assert reason == "the runtime closed the connection"
+        with pytest.raises(RpcError, match="UNAVAILABLE"):
+            await connection.client.call("rt", "x", b"", timeout=1)
+        await connection.close()
+
+
+async def test_a_corrupt_stream_ends_the_connection_with_the_reason(tmp_path: Path) -> None:
+    path = str(tmp_path / "nri.sock")
+
+    async def runtime(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"\0\0\0\x01\xff\xff\xff\xff")  # a chunk of 4 GiB
+        await writer.drain()
+        await reader.read()
+
+    server = await asyncio.start_unix_server(runtime, path)
+    async with server:
+        connection = await connect(path, METHODS)
+        reason = await asyncio.wait_for(connection.closed, 5)
+        assert reason.startswith("unreadable multiplexed stream")
+        await connection.close()
+
+
+async def test_connect_says_why_there_is_no_connection(tmp_path: Path) -> None:
+    with pytest.raises(NriUnavailable, match=r"does not exist: .*NRI is disabled.*disable = false"):
+        await connect(str(tmp_path / "missing.sock"), METHODS)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NriUnavailable, match="is not a socket"):
+        await connect(str(tmp_path / "file"), METHODS)
+    stale = tmp_path / "stale.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(stale))  # bound, never listening: what a runtime that died leaves
+    try:
+        with pytest.raises(NriUnavailable, match="nothing accepts connections"):
+            await connect(str(stale), METHODS)
+    finally:
+        sock.close()
