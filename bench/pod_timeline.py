@@ -1,12 +1,14 @@
 """Where a pod start's time goes: a per-pod timeline, direct against proxy + runtime-hooks.
 
-    python bench/pod_timeline.py [--pods N] [--warmup-pods N] [--json FILE]
+    python bench/pod_timeline.py [--pods N] [--rounds N] [--warmup-pods N] [--per-pod] [--json FILE]
 
 It sets up what part 2 of runtime_hooks_bench.py does (the test bed's containerd, runtime-hooks
-with all built-in plugins on the real cgroups and a fake resctrl, the proxy in front of
-containerd calling it) with both daemons tracing (RUNTIMEPROXY_TRACE, runtimeproxy/trace.py)
-into one file, starts pods one at a time, direct and proxied in alternation, LS and BE in turn,
-and prints for each proxied pod, and averaged, each CRI call as the client saw it split into:
+with all built-in plugins on the real cgroups and a fake resctrl, a proxy in front of
+containerd calling it) and, as hooks_bench.py does, a second proxy calling the no-op hook server
+on all 13 hook points, with the daemons tracing (RUNTIMEPROXY_TRACE, runtimeproxy/trace.py) into
+one file. It starts pods one at a time, direct and through each proxy in alternation, LS and BE
+in turn, prints each target's pod start against the direct pods' as ratios (the issue's targets),
+and for each proxied pod, and averaged, each CRI call as the client saw it split into:
 the way to the proxy, waiting for the call's ordering keys, the hook layer's own work, each
 hook call (runtime-hooks' time inside, each plugin, and the rest: gRPC and wake-ups on both
 sides), the runtime (request sent to answer received, as the proxy sees it), and the way back;
@@ -28,40 +30,52 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hooks_bench import interleaved, paired, pod_spec
-from relay_bench import Client, background_cpus, workdir
+from hooks_bench import HookServer, interleaved, paired, pod_spec, register_hook_server
+from relay_bench import Client, Proxy, background_cpus, percentile, workdir
 from runtime_hooks_bench import CLIENT_SCRIPT, KINDS, POLICY, HookedProxy, fake_resctrl, scratch_dir
 from runtime_hooks_client import KUBE_QOS
 
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.trace import ENV as TRACE_ENV
 
-TARGETS = ("direct", "proxy")
+TARGETS = ("direct", "hooks", "noop")
+PROXIED = TARGETS[1:]
+LABELS = {"direct": "direct", "hooks": "proxy + runtime-hooks (all built-in plugins)",
+          "noop": "proxy + no-op hook server on all 13 points"}
+RATIO_TARGETS = {"hooks": 1.03, "noop": 1.02}  # issue 12, item 3
 STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer")
-# The parts of a proxied call, in the order they happen (ms); "runtime" is not added time.
+# The parts of a proxied call, in the order they happen (ms); a direct call has "to proxy",
+# "runtime" and "back" too (to containerd, in it, back), not "keys", "layer" and "hooks".
 PARTS = ("to proxy", "keys", "layer", "hooks", "runtime", "back")
-ADDED = ("to proxy", "keys", "layer", "hooks", "back")
 NS = 1e-6  # ns -> ms
 
 
 def run_pods(args: argparse.Namespace, work: Path, scratch: Path, trace: Path) -> dict[str, Any]:
-    """Start the pods; the client's answer per pod, with its target and uid."""
+    """Start the pods, in rounds; the client's answers with each pod's target, kind and uid."""
     bed = Containerd(pod_network=False)
     stack: HookedProxy | None = None
+    noop: HookServer | None = None
+    noop_proxy: Proxy | None = None
     client: Client | None = None
-    os.environ[TRACE_ENV] = str(trace)  # both daemons inherit it; the client and bed do not trace
+    os.environ[TRACE_ENV] = str(trace)  # the daemons inherit it; the client and bed do not trace
     try:
         bed.start()
         (work / "built-in.yaml").write_text("")  # the resctrl section is the built-in one either way
         resctrl = fake_resctrl(scratch / "resctrl", work / "built-in.yaml")
         stack = HookedProxy.make(work, bed, resctrl, work / "policy.yaml", "hooks")
         stack.start()
-        proxy, server = stack.proxy, stack.hooks
+        noop = HookServer(work)
+        noop.start()
+        noop_proxy = Proxy(work, bed.address, name="noop")
+        noop_proxy.argv += ["--cgroup-parent-root", f"/{bed.cgroup_prefix}"]
+        register_hook_server(noop_proxy.hook_dir, noop.socket)
+        noop_proxy.start()
         del os.environ[TRACE_ENV]
         client = Client(CLIENT_SCRIPT)
         assert bed.pid is not None
-        watch = {"proxy": proxy.pid, "runtime-hooks": server.pid, "containerd": bed.pid}
-        sockets = {"direct": str(bed.socket), "proxy": str(proxy.socket)}
+        watch = {"proxy": stack.proxy.pid, "runtime-hooks": stack.hooks.pid, "proxy (no-op)": noop_proxy.pid,
+                 "no-op server": noop.pid, "containerd": bed.pid}
+        sockets = {"direct": str(bed.socket), "hooks": str(stack.proxy.socket), "noop": str(noop_proxy.socket)}
 
         def run_groups(groups: list[list[str]], label: str) -> tuple[list[dict[str, str]], dict[str, Any]]:
             assert client is not None
@@ -70,18 +84,28 @@ def run_pods(args: argparse.Namespace, work: Path, scratch: Path, trace: Path) -
                 kind = KINDS[k % 2]
                 for target in group:
                     spec = pod_spec(bed, sockets[target], f"tl-{label}-{len(specs)}-{target}", KUBE_QOS[kind])
-                    specs.append({**spec, "kind": kind, "target": target})
+                    specs.append({**spec, "kind": kind, "target": target, "group": f"{label}-{k}"})
             return specs, client.run(op="pods", image=bed.test_image, watch=watch, pods=specs)
 
         run_groups(interleaved(TARGETS, 0, 2 * args.warmup_pods), "warm")
         background = background_cpus(2.0)
-        specs, answer = run_groups(interleaved(TARGETS, 1, args.pods), "timed")
-        pids = {"proxy": proxy.pid, "runtime-hooks": server.pid}
-        return {"specs": specs, "answer": answer, "background_cpus": background, "pids": pids}
+        specs: list[dict[str, str]] = []
+        answer: dict[str, list[Any]] = defaultdict(list)
+        for n in range(args.rounds):  # pods are removed after each round: containerd's load stays flat
+            round_specs, round_answer = run_groups(interleaved(TARGETS, 1 + n * args.pods, args.pods), str(n))
+            specs += round_specs
+            for key in ("steps", "ended", "sched_start"):
+                answer[key] += round_answer[key]
+        pids = {"hooks": stack.proxy.pid, "noop": noop_proxy.pid, "runtime-hooks": stack.hooks.pid}
+        return {"specs": specs, "answer": answer, "background_cpus": background, "pids": pids,
+                "load_after": os.getloadavg()}
     finally:
         os.environ.pop(TRACE_ENV, None)
         if client is not None:
             client.close()
+        for service in (noop_proxy, noop):
+            if service is not None:
+                service.stop()
         if stack is not None:
             stack.stop()
         bed.stop()
@@ -100,10 +124,10 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
 def calls_by_uid(events: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """The proxy's marks of each intercepted call (t of held, keys, sent, answered, released) by
     pod uid and method, with its hook calls."""
-    marks: dict[int, dict[str, Any]] = defaultdict(dict)
+    marks: dict[tuple[int, int], dict[str, Any]] = defaultdict(dict)
     for e in events:
         if e["ev"] in ("proxy.held", "proxy.keys", "proxy.sent", "proxy.answered", "proxy.released"):
-            mark = marks[e["call"]]
+            mark = marks[e["pid"], e["call"]]  # call serials are per proxy process
             mark.setdefault(e["ev"].removeprefix("proxy."), e["t"])
             mark.update({k: e[k] for k in ("method", "uid") if e.get(k)})
             mark.setdefault("cpu", {})[e["ev"]] = e["cpu"]
@@ -114,13 +138,14 @@ def calls_by_uid(events: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, 
     return found
 
 
-def hook_calls(events: list[dict[str, Any]], proxy_pid: int) -> list[dict[str, Any]]:
-    """Each hook call as the proxy timed it, with runtime-hooks' RPC and plugin events inside it."""
+def hook_calls(events: list[dict[str, Any]], proxy_pids: set[int]) -> list[dict[str, Any]]:
+    """Each hook call as a proxy timed it, with runtime-hooks' RPC and plugin events inside it (none
+    for the no-op server, which does not trace: its calls are round trips only)."""
     rpcs = [e for e in events if e["ev"] == "hooks.rpc"]
     plugins = [e for e in events if e["ev"] == "hooks.plugin"]
     calls = []
     for e in events:
-        if e["ev"] != "proxy.hook" or e["pid"] != proxy_pid:
+        if e["ev"] != "proxy.hook" or e["pid"] not in proxy_pids:
             continue
         begin, end = e["began"], e["t"]
         inside = [r for r in rpcs if r["hook"] == e["hook"] and r["uid"] == e["uid"] and begin <= r["began"] <= end]
@@ -135,7 +160,9 @@ def hook_calls(events: list[dict[str, Any]], proxy_pid: int) -> list[dict[str, A
 
 
 def pod_timeline(pod: dict[str, Any], calls: dict[str, dict[str, Any]], hooks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The proxied pod's steps split into PARTS (ms), with the hook calls in each step."""
+    """The proxied pod's steps split into PARTS (ms), with the hook calls in each step; the hook
+    calls that ran while the client waited for nothing (post-hooks after the start's last answer)
+    are listed apart."""
     steps = {}
     for n, step in enumerate(STEPS):
         began, ended = pod["step_bounds"][n]
@@ -155,14 +182,14 @@ def pod_timeline(pod: dict[str, Any], calls: dict[str, dict[str, Any]], hooks: l
         }
         steps[step] = {"client_ms": (ended - began) * NS, "traced": True, "parts": parts, "hook_calls": in_call,
                        "proxy_cpu_ms": (mark["cpu"].get("proxy.answered", 0) - mark["cpu"].get("proxy.held", 0)) * NS}
-    after = [h for h in hooks if h["began"] > pod["step_bounds"][-1][1] - 1]  # post-hooks after the start
-    return {"steps": steps, "post_hooks_after": after}
+    in_steps = {id(h) for s in steps.values() for h in s.get("hook_calls", [])}
+    return {"steps": steps, "off_path_hooks": [h for h in hooks if id(h) not in in_steps]}
 
 
 def build(run: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
     answer, specs = run["answer"], run["specs"]
     calls = calls_by_uid(events)
-    hooks = hook_calls(events, run["pids"]["proxy"])
+    hooks = hook_calls(events, {run["pids"][t] for t in PROXIED})
     pods = []
     for n, spec in enumerate(specs):
         steps = answer["steps"][n]
@@ -171,26 +198,46 @@ def build(run: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
         for seconds in steps:
             bounds.append((t, t + seconds * 1e9))
             t += seconds * 1e9
-        pod = {"target": spec["target"], "kind": spec["kind"], "uid": spec["uid"], "start_ms": sum(steps) * 1e3,
-               "step_bounds": bounds, "sched": answer["sched_start"][n]}
-        if spec["target"] == "proxy":
+        pod = {"target": spec["target"], "kind": spec["kind"], "uid": spec["uid"], "group": spec["group"],
+               "start_ms": sum(steps) * 1e3, "step_bounds": bounds, "sched": answer["sched_start"][n]}
+        if spec["target"] != "direct":
             mine = [h for h in hooks if h["uid"] == spec["uid"]]
             pod.update(pod_timeline(pod, calls.get(spec["uid"], {}), mine))
         pods.append(pod)
-    return {"pods": pods, "background_cpus": run["background_cpus"], "trace_events": len(events)}
+    return {"pods": pods, "background_cpus": run["background_cpus"], "load_after": run["load_after"],
+            "trace_events": len(events)}
 
 
 def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def aggregate(report: dict[str, Any]) -> dict[str, Any]:
+def ratios(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each proxied target's pod start against the direct pods: pooled mean and p50 ratios, and
+    paired with the direct pod of the same group (the pods alternate one by one)."""
+    by_group: dict[str, dict[str, float]] = defaultdict(dict)
+    for p in pods:
+        by_group[p["group"]][p["target"]] = p["start_ms"] / 1e3
+    direct = sorted(p["start_ms"] for p in pods if p["target"] == "direct")
+    found = {}
+    for target in PROXIED:
+        mine = sorted(p["start_ms"] for p in pods if p["target"] == target)
+        pairs = [(g[target], g["direct"]) for g in by_group.values() if target in g and "direct" in g]
+        added = paired([a for a, _ in pairs], [b for _, b in pairs])
+        found[target] = {"pods": len(mine), "mean_ms": _mean(mine), "p50_ms": percentile(mine, 0.5),
+                         "mean_ratio": _mean(mine) / _mean(direct),
+                         "p50_ratio": percentile(mine, 0.5) / percentile(direct, 0.5),
+                         "paired": added, "paired_ratio": 1 + added["mean_ms"] / _mean(direct),
+                         "paired_ratio_ci": added["ci95_ms"] / _mean(direct), "target": RATIO_TARGETS[target]}
+    found["direct"] = {"pods": len(direct), "mean_ms": _mean(direct), "p50_ms": percentile(direct, 0.5)}
+    return found
+
+
+def aggregate(report: dict[str, Any], target: str) -> dict[str, Any]:
+    """The means of one proxied target's pods, by step and part, by hook point, and per daemon."""
     pods = report["pods"]
-    proxied = [p for p in pods if p["target"] == "proxy" and all(s["traced"] for s in p["steps"].values())]
+    proxied = [p for p in pods if p["target"] == target and all(s["traced"] for s in p["steps"].values())]
     direct = [p for p in pods if p["target"] == "direct"]
-    # Each proxied pod against its direct neighbour in the run (the pods alternate).
-    pairs = [(pods[i], pods[i - 1] if i % 2 else pods[i + 1]) for i in range(len(pods) - len(pods) % 2)
-             if pods[i]["target"] == "proxy"]
     by_step: dict[str, dict[str, float]] = {}
     for step in STEPS:
         row = {part: _mean([p["steps"][step]["parts"][part] for p in proxied]) for part in PARTS}
@@ -199,84 +246,112 @@ def aggregate(report: dict[str, Any]) -> dict[str, Any]:
         row["direct"] = _mean([(b - a) * NS for p in direct for a, b in [p["step_bounds"][n]]])
         by_step[step] = row
     hooks: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    calls: dict[str, int] = defaultdict(int)
     for p in proxied:
-        for step in STEPS:
-            for h in p["steps"][step]["hook_calls"]:
-                for key in ("server_ms", "to_server_ms", "from_server_ms"):
-                    if h[key] is not None:
-                        hooks[h["hook"]][key].append(h[key])
-                hooks[h["hook"]]["round_trip_ms"].append((h["ended"] - h["began"]) * NS)
-                for plugin, ms in h["plugins_ms"].items():
-                    hooks[h["hook"]][plugin].append(ms)
-    sched = {name: {"cpu_ms": {t: _mean([p["sched"][name][0] * NS for p in pods if p["target"] == t])
-                               for t in TARGETS},
-                    "runqueue_ms": {t: _mean([p["sched"][name][1] * NS for p in pods if p["target"] == t])
-                                    for t in TARGETS}}
+        on_path = [h for step in STEPS for h in p["steps"][step]["hook_calls"]]
+        for h in on_path + [{**h, "hook": h["hook"] + " (off the path)"} for h in p["off_path_hooks"]]:
+            calls[h["hook"]] += 1
+            for key in ("server_ms", "to_server_ms", "from_server_ms"):
+                if h[key] is not None:
+                    hooks[h["hook"]][key].append(h[key])
+            hooks[h["hook"]]["round_trip_ms"].append((h["ended"] - h["began"]) * NS)
+            for plugin, ms in h["plugins_ms"].items():
+                hooks[h["hook"]][plugin].append(ms)
+    # A plugin's mean is over every call of its hook point (0 where it did nothing): what it costs a pod.
+    hook_means = {h: {k: sum(v) / calls[h] if k not in ("server_ms", "to_server_ms", "from_server_ms",
+                                                         "round_trip_ms") else _mean(v)
+                      for k, v in d.items()} for h, d in hooks.items()}
+    sched = {name: {t: (_mean([p["sched"][name][0] * NS for p in pods if p["target"] == t]),
+                        _mean([p["sched"][name][1] * NS for p in pods if p["target"] == t]))
+                    for t in ("direct", target)}
              for name in (pods[0]["sched"] if pods else {})}
-    added = paired([a["start_ms"] / 1e3 for a, _ in pairs], [b["start_ms"] / 1e3 for _, b in pairs])
-    return {"by_step": by_step, "hooks": {h: {k: _mean(v) for k, v in d.items()} for h, d in hooks.items()},
-            "sched": sched, "paired_added": added, "proxied_pods": len(proxied), "direct_pods": len(direct),
-            "direct_mean_ms": _mean([p["start_ms"] for p in direct]),
-            "proxy_mean_ms": _mean([p["start_ms"] for p in proxied])}
+    return {"by_step": by_step, "hooks": hook_means, "calls_per_pod": {h: n / max(len(proxied), 1)
+                                                                       for h, n in calls.items()},
+            "sched": sched, "proxied_pods": len(proxied), "direct_pods": len(direct)}
 
 
-def print_report(report: dict[str, Any], per_pod: bool) -> None:
-    agg = report["aggregate"]
-    print(f"\nPod-start timeline: {agg['proxied_pods']} proxied and {agg['direct_pods']} direct pods, alternating; "
-          f"background load before: {report['background_cpus']:.2f} CPUs busy; {report['trace_events']} trace events")
-    if per_pod:
-        print("\nPer proxied pod (ms): step client = to proxy + keys + layer + hooks + runtime + back")
-        for p in report["pods"]:
-            if p["target"] != "proxy":
+def print_ratios(report: dict[str, Any]) -> None:
+    r = report["ratios"]
+    print(f"\nPod start, {r['direct']['pods']} pods per target alternating one by one; background load before: "
+          f"{report['background_cpus']:.2f} CPUs busy, load average after "
+          + "/".join(f"{x:.2f}" for x in report["load_after"]))
+    head = f"{'':<46}{'mean':>9}{'p50':>9}{'mean x':>8}{'p50 x':>7}{'paired added':>20}{'paired x':>16}  target"
+    print(head)
+    print("-" * len(head))
+    d = r["direct"]
+    print(f"{LABELS['direct']:<46}{d['mean_ms']:>7.1f}ms{d['p50_ms']:>7.1f}ms")
+    for target in PROXIED:
+        t, pa = r[target], r[target]["paired"]
+        met = "met" if t["paired_ratio"] <= t["target"] else "MISSED"
+        print(f"{LABELS[target]:<46}{t['mean_ms']:>7.1f}ms{t['p50_ms']:>7.1f}ms{t['mean_ratio']:>7.3f}x"
+              f"{t['p50_ratio']:>6.3f}x{pa['mean_ms']:>+9.2f} ± {pa['ci95_ms']:.2f} ms"
+              f"{t['paired_ratio']:>8.3f}x ± {t['paired_ratio_ci']:.3f}  <= {t['target']:.2f}x: {met}")
+
+
+def print_pods(report: dict[str, Any]) -> None:
+    print("\nPer proxied pod (ms): step client = to proxy + keys + layer + hooks + runtime + back")
+    for p in report["pods"]:
+        if p["target"] == "direct":
+            continue
+        print(f"  {p['uid'][:8]} {p['target']} {p['kind']} start {p['start_ms']:.1f}")
+        for step, s in p["steps"].items():
+            if not s["traced"]:
+                print(f"    {step:<16}{s['client_ms']:8.2f}  (no trace)")
                 continue
-            print(f"  {p['uid'][:8]} {p['kind']} start {p['start_ms']:.1f}")
-            for step, s in p["steps"].items():
-                if not s["traced"]:
-                    print(f"    {step:<16}{s['client_ms']:8.2f}  (no trace)")
-                    continue
-                parts = "  ".join(f"{k} {v:.2f}" for k, v in s["parts"].items())
-                hooks = "; ".join(f"{h['hook']} {(h['ended'] - h['began']) * NS:.2f} (in runtime-hooks "
-                                  f"{h['server_ms'] or 0:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                                                             h["plugins_ms"].items()) + ")"
-                                  for h in s["hook_calls"])
-                print(f"    {step:<16}{s['client_ms']:8.2f}  {parts}" + (f"\n{'':22}{hooks}" if hooks else ""))
-    print("\nMeans by step (ms): the proxied call split in its parts, against the direct step")
+            parts = "  ".join(f"{k} {v:.2f}" for k, v in s["parts"].items())
+            hooks = "; ".join(f"{h['hook']} {(h['ended'] - h['began']) * NS:.2f} (in runtime-hooks "
+                              f"{h['server_ms'] or 0:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                                         h["plugins_ms"].items()) + ")"
+                              for h in s["hook_calls"])
+            print(f"    {step:<16}{s['client_ms']:8.2f}  {parts}" + (f"\n{'':22}{hooks}" if hooks else ""))
+
+
+def print_target(report: dict[str, Any], target: str) -> None:
+    agg = report["aggregate"][target]
+    print(f"\n== {LABELS[target]}: {agg['proxied_pods']} pods ==")
+    print("Means by step (ms): the proxied call split in its parts, against the direct step")
     head = f"{'step':<17}" + "".join(f"{part:>10}" for part in PARTS) + f"{'client':>9}{'direct':>9}{'added':>8}"
     print(head)
     print("-" * len(head))
-    total_added = 0.0
     for step, row in agg["by_step"].items():
-        added = sum(row[part] for part in ADDED)
-        total_added += added
+        added = row["client"] - row["direct"]
         print(f"{step:<17}" + "".join(f"{row[part]:>10.2f}" for part in PARTS)
               + f"{row['client']:>9.2f}{row['direct']:>9.2f}{added:>8.2f}")
-    runtime_gap = sum(row["runtime"] - row["direct"] for row in agg["by_step"].values())
-    print("\nHook calls (ms, means): round trip as the proxy times it = to runtime-hooks + inside + back; plugins "
-          "inside")
+    rows = agg["by_step"].values()
+    own = {part: sum(row[part] for row in rows) for part in ("hooks", "keys", "layer")}
+    rest = sum(row["client"] - row["direct"] for row in rows) - sum(own.values())
+    print("Hook calls (ms, means; per pod): round trip as the proxy times it"
+          + (" = to runtime-hooks + inside + back; plugins' handlers inside" if target == "hooks" else ""))
     for hook, h in agg["hooks"].items():
-        plugins = ", ".join(f"{k} {v:.2f}" for k, v in h.items()
-                            if k not in ("round_trip_ms", "server_ms", "to_server_ms", "from_server_ms"))
-        print(f"  {hook:<22}{h['round_trip_ms']:7.2f} = {h.get('to_server_ms', 0):.2f} + {h.get('server_ms', 0):.2f}"
-              f" + {h.get('from_server_ms', 0):.2f}   plugins: {plugins}")
-    print("\nDaemons during a pod start (ms, means; schedstat, all threads): on a CPU / runnable, waiting for one")
+        line = f"  {hook:<38}{agg['calls_per_pod'][hook]:4.1f}x {h['round_trip_ms']:7.2f}"
+        if "server_ms" in h:
+            plugins = ", ".join(f"{k} {v:.2f}" for k, v in h.items()
+                                if k not in ("round_trip_ms", "server_ms", "to_server_ms", "from_server_ms"))
+            parts = f"{h['to_server_ms']:.2f} + {h['server_ms']:.2f} + {h['from_server_ms']:.2f}"
+            line += f" = {parts}   plugins: {plugins}"
+        print(line)
+    print("Daemons during a pod start (ms, means; schedstat, all threads): on a CPU / runnable, waiting for one")
     for name, s in agg["sched"].items():
-        print(f"  {name:<14}" + "   ".join(f"{t}: {s['cpu_ms'][t]:.2f} / {s['runqueue_ms'][t]:.2f}" for t in TARGETS))
-    pa = agg["paired_added"]
-    print(f"\nStart: direct {agg['direct_mean_ms']:.1f} ms, proxied {agg['proxy_mean_ms']:.1f} ms; paired added "
-          f"{pa['mean_ms']:+.2f} ± {pa['ci95_ms']:.2f} ms (median {pa['median_ms']:+.2f})")
-    print(f"Explained: added parts {total_added:.2f} ms + runtime slower through the proxy than direct "
-          f"{runtime_gap:+.2f} ms = {total_added + runtime_gap:.2f} ms")
+        print(f"  {name:<14}" + "   ".join(f"{t}: {cpu:.2f} / {wait:.2f}" for t, (cpu, wait) in s.items()))
+    pa = report["ratios"][target]["paired"]
+    # What a direct start does not have at all (hooks, keys, layer), and the rest: the relay's extra
+    # hop each way and the runtime's own spread between pods (noise, either sign).
+    print(f"Added per pod (pooled means): {sum(own.values()) + rest:+.2f} ms = hooks {own['hooks']:.2f} + keys "
+          f"{own['keys']:.2f} + layer {own['layer']:.2f} + relay hops and runtime spread {rest:+.2f}; "
+          f"paired with the direct neighbours {pa['mean_ms']:+.2f} ± {pa['ci95_ms']:.2f} ms "
+          f"(median {pa['median_ms']:+.2f})")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--pods", type=int, default=10, help="timed pods per target (default 10)")
+    parser.add_argument("--pods", type=int, default=10, help="timed pods per target and round (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; pods are removed after each (default 3)")
     parser.add_argument("--warmup-pods", type=int, default=1, help="untimed pods per target and kind (default 1)")
     parser.add_argument("--per-pod", action="store_true", help="print every proxied pod's timeline too")
     parser.add_argument("--json", type=Path, help="also write the timelines and means to this file")
     args = parser.parse_args(argv)
-    if args.pods < 1 or args.warmup_pods < 0:
-        parser.error("--pods must be at least 1, --warmup-pods at least 0")
+    if args.pods < 1 or args.rounds < 1 or args.warmup_pods < 0:
+        parser.error("--pods and --rounds must be at least 1, --warmup-pods at least 0")
     if os.geteuid() != 0:
         sys.exit("pod_timeline.py runs containerd and must run as root")
     began = time.monotonic()
@@ -285,8 +360,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         trace = work / "trace.jsonl"
         run = run_pods(args, work, scratch, trace)
         report = build(run, read_trace(trace))
-    report["aggregate"] = aggregate(report)
-    print_report(report, args.per_pod)
+    report["ratios"] = ratios(report["pods"])
+    report["aggregate"] = {target: aggregate(report, target) for target in PROXIED}
+    print(f"{report['trace_events']} trace events")
+    if args.per_pod:
+        print_pods(report)
+    for target in PROXIED:
+        print_target(report, target)
+    print_ratios(report)
     print(f"\nWall time {time.monotonic() - began:.1f} s")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -42,11 +42,13 @@ from relay_bench import Client, Proxy, Service, background_cpus, percentile, ver
 from relay_client import machine_cpu_seconds
 from runtime_hooks_client import KUBE_QOS, container_config, sandbox_config
 from runtimeproxy.hooks.cgroups import CgroupFS
+from runtimeproxy.hooks.definition import Handler, Plugin
+from runtimeproxy.hooks.discovery import discover_plugins
 from runtimeproxy.hooks.plugins.resctrl import LAYOUTS, plan_groups
 from runtimeproxy.hooks.plugins.resctrl import plugin as resctrl_plugin
 from runtimeproxy.hooks.policy import load_policy
 from runtimeproxy.hooks.resctrl import ResctrlFS, ResctrlInfo
-from runtimeproxy.hooks.sdk import Handler, Plugin, PluginRunner, ServerContext, discover_plugins
+from runtimeproxy.hooks.runner import PluginRunner
 from runtimeproxy.hooks.server import (
     REGISTRATION_FILE,
     container_from_request,
@@ -57,6 +59,7 @@ from runtimeproxy.hooks.server import (
 )
 from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1
 from runtimeproxy.hooks.testkit.resctrl import make_fake_resctrl
+from runtimeproxy.hooks.views import ServerContext
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
 from runtimeproxy.dispatch import protocol

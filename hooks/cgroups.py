@@ -70,7 +70,8 @@ import enum
 import errno
 import os
 import re
-from collections.abc import Mapping, Sequence
+import stat
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -338,6 +339,14 @@ def _format(value: str | int | bytes) -> bytes:
     raise TypeError(f"cgroup values are str, int or bytes, got {type(value).__name__}")
 
 
+def _is_link(path: str) -> bool:
+    """Whether ``path`` is a symlink (a missing path is not, as for os.path.realpath)."""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _write_file(path: Path, data: bytes) -> None:
     """``data`` into the existing file ``path`` with one write(2), as the kernel wants for cgroup files."""
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -400,6 +409,7 @@ class CgroupFS:
         self._resolved_root: str | None = None
         self._resolved_hierarchies: dict[str, str] = {}
         self._resolved: dict[str, str] = {}  # see _realpath
+        self._paths: dict[tuple[str, str, str, str | None], Path] = {}  # see _remembered
         self.driver: CgroupDriver = driver
         self._version = version
 
@@ -444,6 +454,11 @@ class CgroupFS:
         Raises CgroupPathError for malformed input or a path that resolves outside the root.
         The path need not exist; for a container, the first existing runtime naming wins.
         """
+        if container_id is None:
+            return self._remembered(("path", controller, parent, file), self._path, controller, parent, file)
+        return self._path(controller, parent, file, container_id)
+
+    def _path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> Path:
         target = self._target(controller, parent, container_id, file)
         self._check_inside(target)
         return target
@@ -451,6 +466,11 @@ class CgroupFS:
     def pod_path(self, controller: str, parent: str, container_id: str | None = None, file: str | None = None) -> Path:
         """:meth:`path`, for a cgroup runtime-hooks may change: a pod's or container's under the pod
         roots, reached without a symlink below the hierarchy root; CgroupScopeError otherwise."""
+        if container_id is None:
+            return self._remembered(("pod", controller, parent, file), self._pod_path, controller, parent, file)
+        return self._pod_path(controller, parent, file, container_id)
+
+    def _pod_path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> Path:
         self.pod_roots.check(parent)
         target = self._target(controller, parent, container_id, file)
         directory = target.parent if file is not None else target
@@ -493,18 +513,40 @@ class CgroupFS:
         if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
             raise CgroupPathError(f"{target} resolves to {real}, outside the cgroup root {real_root}")
 
-    def _realpath(self, path: Path) -> str:
+    def _remembered(
+        self, key: tuple[str, str, str, str | None], find: Callable[[str, str, str | None], Path], *args: Any
+    ) -> Path:
+        """A pod's (not a container's) checked path, remembered: a plugin call asks for the same
+        few paths many times (a pathlib build and checks, about 15 us each, most of a write's
+        cost). Sound for the reason :meth:`_realpath` is, and because such a path involves no
+        lookup in the tree (a container's does: its naming is looked up, so it is not kept).
+        Failures are not kept; bounded like _realpath."""
+        path = self._paths.get(key)
+        if path is None:
+            if len(self._paths) >= _RESOLVED_MAX:
+                self._paths.clear()
+            path = self._paths[key] = find(*args)
+        return path
+
+    def _realpath(self, path: str | os.PathLike[str]) -> str:
         """``os.path.realpath``, remembered: every check resolves a pod's few paths again and
         again (about 50 us each, most of a plugin call). Sound because no symlink can appear
         below a hierarchy root on a real cgroup filesystem: cgroupfs has no symlink operation,
         so a path that once resolved to itself keeps doing so. Bounded: a full cache starts
-        over."""
+        over. A path is its parent's resolution (remembered in turn) plus its last part unless
+        that is a link: one lstat for a new path instead of one per part, and the same answer as
+        os.path.realpath's (a link, or a part such as "..", is left to os.path.realpath)."""
         key = str(path)
         real = self._resolved.get(key)
         if real is None:
             if len(self._resolved) >= _RESOLVED_MAX:
                 self._resolved.clear()
-            real = self._resolved[key] = os.path.realpath(path)
+            parent, name = os.path.split(key)
+            if name in ("", ".", "..") or not os.path.isabs(key) or _is_link(key):
+                real = os.path.realpath(key)
+            else:
+                real = os.path.join(self._realpath(parent), name)
+            self._resolved[key] = real
         return real
 
     def _real_root(self) -> str:
@@ -544,7 +586,8 @@ class CgroupFS:
         data = _format(value)
         path = self.pod_path(controller, parent, container_id, file)
         _write_file(path, data)
-        cgroup = path.parent.relative_to(self._hierarchy(controller)).as_posix()
+        # The directory below the hierarchy root, "." for the root (pod_path's are below it).
+        cgroup = os.path.dirname(path)[len(str(self._hierarchy(controller))) + 1 :] or "."
         # One info line per write that reached the node: the only place every plugin's write passes.
         text = data.decode("utf-8", "backslashreplace").strip()
         log.info("cgroup written", file=str(path), value=text, cgroup=cgroup)

@@ -34,6 +34,7 @@ from runtimeproxy.metrics import start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 
 from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots
+from .discovery import DiscoveryResult, discover_plugins, settings_specs
 from .nri.modes import mode_lines, modes_of
 from .nri.plugin import DEFAULT_PLUGIN_INDEX, DEFAULT_PLUGIN_NAME, NriSettings
 from .nri.serving import start_nri
@@ -41,7 +42,7 @@ from .policy import Policy, PolicyError, PolicyWatcher, Specs, default_policy, d
 from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
 from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl import ResctrlFS
-from .sdk import DiscoveryResult, HookCallFailed, PluginRunner, ServerContext, discover_plugins, settings_specs
+from .runner import HookCallFailed, PluginRunner
 from .server import (
     DEFAULT_DEREGISTER_GRACE,
     DEFAULT_ENDPOINT,
@@ -51,6 +52,7 @@ from .server import (
 )
 from .systemd_bus import SystemdBus
 from .systemd_sync import SystemdSync
+from .views import ServerContext
 
 __all__ = ["cli", "main"]
 

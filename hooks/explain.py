@@ -40,12 +40,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from runtimeproxy.dispatch import protocol
+from runtimeproxy.dispatch import protocol, resource_fields
 from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.play.kubelet import CgroupDriver as KubeletCgroupDriver
-from runtimeproxy.play.kubelet import PodPlan, QOSClass, build_plan
+from runtimeproxy.play.kubelet import PodPlan, build_plan
 from runtimeproxy.play.manifest import load_pod
+from runtimeproxy.play.qos import KubeQoSClass
 
 from . import server as server_mod
 from .cgroups import (
@@ -58,11 +59,14 @@ from .cgroups import (
     parent_path,
     shares_to_weight,
 )
+from .changes import HookResponse
+from .convert import qos_of
+from .definition import Plugin
+from .extended_resources import EXTENDED_RESOURCE_SPEC_ANNOTATION
 from .plugins import cpu as cpu_plugin
 from .plugins import cpuset as cpuset_plugin
 from .plugins import memory as memory_plugin
 from .plugins import network as network_plugin
-from .plugins.cpu import EXTENDED_RESOURCE_SPEC_ANNOTATION
 from .plugins.cpuset import cpuset_from_annotations
 from .podview import RESOURCE_STATUS_ANNOTATION
 from .policy import DEFAULT_POLICY, Policy
@@ -74,16 +78,8 @@ from .resctrl import (
     ResctrlFS,
     parse_schemata,
 )
-from .sdk import (
-    ContainerInfo,
-    HookCallFailed,
-    HookResponse,
-    Plugin,
-    PluginRunner,
-    PodInfo,
-    ServerContext,
-    qos_of,
-)
+from .runner import HookCallFailed, PluginRunner
+from .views import ContainerInfo, PodInfo, ServerContext
 
 __all__ = [
     "CREATION_PATH",
@@ -560,16 +556,7 @@ def response_fields(response: HookResponse) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     changes = response.resources
     resources: dict[str, Any] = {}
-    for name in (
-        "cpu_period",
-        "cpu_quota",
-        "cpu_shares",
-        "memory_limit_in_bytes",
-        "oom_score_adj",
-        "cpuset_cpus",
-        "cpuset_mems",
-        "memory_swap_limit_in_bytes",
-    ):
+    for name in resource_fields.SCALARS:
         value = getattr(changes, name)
         if value:
             resources[name] = value
@@ -597,15 +584,6 @@ def _copy(message: Any) -> Any:
     duplicate = type(message)()
     duplicate.CopyFrom(message)
     return duplicate
-
-
-def _follow_sandbox(config: Any, sandbox: Any) -> None:
-    """As the proxy does for CreateContainer: the container's copy of the sandbox config takes
-    the pod's cgroup parent, labels and annotations as the PreRunPodSandbox hooks left them."""
-    if sandbox.linux.cgroup_parent:
-        config.linux.cgroup_parent = sandbox.linux.cgroup_parent
-    config.labels.update(sandbox.labels)
-    config.annotations.update(sandbox.annotations)
 
 
 def _pod_info(pod: protocol.PodView) -> PodInfo:
@@ -762,6 +740,10 @@ def _memory_reasons(policy: Policy, qos: QoSClass, version: CgroupVersion | None
         if off:
             reasons.append(f"memory.{qos.value}.{'/'.join(off)} {'is' if len(off) == 1 else 'are'} 0 (off)")
     reasons.append("memory.wmark_* exist only on Alibaba Cloud Linux kernels")
+    if not entry.batch_memory_limit:
+        reasons.append(f"memory.{qos.value}.batch_memory_limit is false: no limit from batch-memory")
+    else:
+        reasons.append("no batch-memory limit in the pod's annotation, or it is not tighter than the current limit")
     if qos is not QoSClass.BE:
         reasons.append(f"the OOM order is raised for BE only, the pod is {qos.value}")
     elif besteffort:
@@ -890,7 +872,7 @@ async def explain_plan(
             container_id = _placeholder("container", plan.uid, container.name)
             ids[container.name] = container_id
             request = container.for_sandbox(sandbox_id)
-            _follow_sandbox(request.sandbox_config, sandbox_config)
+            protocol.follow_pod(request.sandbox_config, sandbox_config)  # as the proxy does at CreateContainer
             creating = protocol.PodView(sandbox_id, sandbox_request.runtime_handler, request.sandbox_config)
             view = protocol.ContainerView("", request.config)
             await rehearsal.container(creating, view, container.name)
@@ -909,7 +891,7 @@ async def explain_plan(
         sandbox_config.annotations,
         version=cgroups.version if version_known else None,
         resctrl=resctrl is not None,
-        besteffort=plan.qos_class is QOSClass.BEST_EFFORT,
+        besteffort=plan.qos_class is KubeQoSClass.BEST_EFFORT,
     )
     return Explanation(
         pod={"name": plan.name, "namespace": plan.namespace, "uid": plan.uid},

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from .sdk import HookResponse
+    from .changes import HookResponse
 
 #: How much of a value a log line shows.
 VALUE_CHARS: Final = 64

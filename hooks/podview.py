@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from .cgroups import CgroupFS
     from .policy import Policy
-    from .sdk import PodInfo
+    from .views import PodInfo
 
 __all__ = ["RESOURCE_STATUS_ANNOTATION", "plugin_view"]
 

@@ -69,7 +69,7 @@ __all__ = [
     "KubernetesQoS",
     "QoSClass",
     "QoSResolution",
-    "Resources",
+    "ResourcesMessage",
     "Source",
     "kubernetes_qos_from_cgroup_parent",
     "resolve_qos",
@@ -90,7 +90,7 @@ Source = Literal[
     "koordinator-label", "katalyst-annotation", "kubernetes-cgroup-parent", "kubernetes-resources", "default"
 ]
 KubernetesQoS = Literal["Guaranteed", "Burstable", "BestEffort"]
-Resources = hook.LinuxContainerResources | cri.LinuxContainerResources
+ResourcesMessage = hook.LinuxContainerResources | cri.LinuxContainerResources
 
 # koordinator-sh/koordinator apis/extension/constants.go: LabelPodQoS = DomainPrefix + "qosClass".
 KOORDINATOR_QOS_LABEL: Final = "koordinator.sh/qosClass"
@@ -133,7 +133,7 @@ def resolve_qos(
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
     cgroup_parent: str = "",
-    resources: Resources | None = None,
+    resources: ResourcesMessage | None = None,
 ) -> QoSResolution:
     """The QoS class of a pod from its labels, annotations, cgroup parent and resources (see the module doc)."""
     notes: list[str] = []

@@ -72,8 +72,10 @@ from runtimeproxy.h2client import status_of
 from runtimeproxy.metrics import DURATION_BUCKETS
 from runtimeproxy.relay.grpc_wire import StatusCode
 
+from .convert import resources_from_proto
 from .policy import Policy
-from .sdk import ContainerInfo, PluginFailure, PluginRunner, PodInfo, resources_from_proto
+from .runner import PluginFailure, PluginRunner
+from .views import ContainerInfo, PodInfo
 
 __all__ = [
     "DEFAULT_RUNTIME_ENDPOINT",

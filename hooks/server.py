@@ -64,15 +64,10 @@ from runtimeproxy.dispatch.registry import MAX_TIMEOUT
 from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.listener import UnixListener, open_unix_listener
 
-from .sdk import (
-    ContainerInfo,
-    HookCallFailed,
-    HookResponse,
-    PluginRunner,
-    PodInfo,
-    resources_from_proto,
-    resources_to_proto,
-)
+from .changes import HookResponse
+from .convert import resources_from_proto, resources_to_proto
+from .runner import HookCallFailed, PluginRunner
+from .views import ContainerInfo, PodInfo
 
 __all__ = [
     "DEFAULT_DEREGISTER_GRACE",

@@ -45,6 +45,8 @@ SETTINGS_MAX_CONCURRENT_STREAMS: Final = 0x3
 # Largest header block (and header list) accepted from the peer; grpc-core's default hard limit
 # for metadata is 16 KiB, so this leaves room.
 MAX_HEADER_BLOCK: Final = 64 * 1024
+# Times a call the server refused unprocessed is sent again before its UNAVAILABLE stands.
+TRANSPARENT_RETRIES: Final = 3
 # grpc-timeout allows at most 8 digits (PROTOCOL-HTTP2, "Timeout").
 _TIMEOUT_DIGITS_MAX: Final = 99_999_999
 
@@ -149,8 +151,9 @@ class _Connection(asyncio.Protocol):
         self.decoder = CachingDecoder(max_header_list_size=MAX_HEADER_BLOCK)
         self.peer_window = frames.DEFAULT_WINDOW  # peer's initial stream window
         self.peer_max_frame = frames.DEFAULT_MAX_FRAME
+        self.peer_max_streams = frames.MAX_STREAM_ID  # no limit until the peer sets one
         self.send_window = frames.DEFAULT_WINDOW  # connection-level, towards the peer
-        self.window_opened = asyncio.Event()
+        self.progress = asyncio.Event()  # set when a window opens or a stream ends
         self.unacked = 0  # connection-level bytes received and not yet credited back
         self._buffer = bytearray()
         self._headers_of = 0  # stream whose header block continues in CONTINUATION frames
@@ -184,6 +187,20 @@ class _Connection(asyncio.Protocol):
 
     # -- calls ---------------------------------------------------------------------------------
 
+    async def stream_slot(self) -> bool:
+        """Wait while the peer's SETTINGS_MAX_CONCURRENT_STREAMS are all in use (as grpc-core
+        queues such calls); False if the connection can no longer take calls."""
+        while self.usable and len(self.calls) >= self.peer_max_streams:
+            self.progress.clear()
+            await self.progress.wait()
+        return self.usable
+
+    def _pop(self, stream_id: int) -> _Call | None:
+        call = self.calls.pop(stream_id, None)
+        if call is not None:
+            self.progress.set()
+        return call
+
     def open_stream(self) -> tuple[int, _Call]:
         stream_id = self.next_id
         self.next_id += 2
@@ -202,8 +219,8 @@ class _Connection(asyncio.Protocol):
         while True:
             allowed = min(self.send_window, call.send_window, self.peer_max_frame)
             if allowed <= 0 and view:
-                self.window_opened.clear()
-                await self.window_opened.wait()
+                self.progress.clear()
+                await self.progress.wait()
                 if call.done.done():
                     return  # ended meanwhile (reset, connection lost)
                 continue
@@ -217,7 +234,7 @@ class _Connection(asyncio.Protocol):
 
     def reset(self, stream_id: int) -> None:
         """Forget a stream the caller gave up on, and tell the peer (RST_STREAM CANCEL)."""
-        if self.calls.pop(stream_id, None) is not None and self.transport is not None and self.lost is None:
+        if self._pop(stream_id) is not None and self.transport is not None and self.lost is None:
             self.transport.write(frames.rst_stream(stream_id, frames.CANCEL))
 
     def close(self) -> None:
@@ -368,7 +385,7 @@ class _Connection(asyncio.Protocol):
         except grpc_wire.BadRequest as exc:
             self._end(stream_id, StatusCode.INTERNAL, str(exc), peer_done=True)
             return
-        self.calls.pop(stream_id, None)
+        self._pop(stream_id)
         call.finish(message)
 
     def _end(self, stream_id: int, code: int, details: str, peer_done: bool = False) -> None:
@@ -377,7 +394,7 @@ class _Connection(asyncio.Protocol):
         if call is None:
             return
         if peer_done:
-            del self.calls[stream_id]
+            self._pop(stream_id)
         else:
             self.reset(stream_id)
         call.finish(RpcError(code, details))
@@ -385,11 +402,14 @@ class _Connection(asyncio.Protocol):
     def _rst_stream(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4 or not stream_id:
             raise _ConnectionError(frames.PROTOCOL_ERROR, "malformed RST_STREAM")
-        call = self.calls.pop(stream_id, None)
+        call = self._pop(stream_id)
         if call is not None:
             error = int.from_bytes(payload, "big")
-            code = _RST_CODES.get(error, StatusCode.INTERNAL)
-            call.finish(RpcError(code, f"the server reset the stream (HTTP/2 error {error:#x})"))
+            details = f"the server reset the stream (HTTP/2 error {error:#x})"
+            if error == frames.REFUSED_STREAM:
+                call.finish(_Unprocessed(StatusCode.UNAVAILABLE, details))
+            else:
+                call.finish(RpcError(_RST_CODES.get(error, StatusCode.INTERNAL), details))
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id or (flags & frames.FLAG_ACK and payload) or len(payload) % 6:
@@ -404,7 +424,9 @@ class _Connection(asyncio.Protocol):
             for call in self.calls.values():  # RFC 9113 section 6.9.2: open streams follow
                 call.send_window += window - self.peer_window
             self.peer_window = window
-            self.window_opened.set()
+            self.progress.set()
+        self.peer_max_streams = values.get(SETTINGS_MAX_CONCURRENT_STREAMS, self.peer_max_streams)
+        self.progress.set()
         max_frame = values.get(frames.SETTINGS_MAX_FRAME_SIZE)
         if max_frame is not None:
             if not frames.DEFAULT_MAX_FRAME <= max_frame <= 0xFFFFFF:
@@ -419,7 +441,8 @@ class _Connection(asyncio.Protocol):
         self.usable = False  # new calls open a new connection
         last = int.from_bytes(payload[:4], "big") & frames.MAX_STREAM_ID
         for stream_id in [s for s in self.calls if s > last]:  # never processed: safe to retry
-            self.calls.pop(stream_id).finish(RpcError(StatusCode.UNAVAILABLE, f"{self.name} is going away (GOAWAY)"))
+            self.calls[stream_id].finish(_Unprocessed(StatusCode.UNAVAILABLE, f"{self.name} is going away (GOAWAY)"))
+            self._pop(stream_id)
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:
@@ -429,7 +452,7 @@ class _Connection(asyncio.Protocol):
             self.send_window += increment
         elif (call := self.calls.get(stream_id)) is not None:
             call.send_window += increment
-        self.window_opened.set()
+        self.progress.set()
 
     def _fail_all(self, error: RpcError) -> None:
         self.usable = False
@@ -438,13 +461,17 @@ class _Connection(asyncio.Protocol):
         calls, self.calls = self.calls, {}
         for call in calls.values():
             call.finish(error)
-        self.window_opened.set()  # senders waiting for a window see their call ended
+        self.progress.set()  # senders waiting for a window see their call ended
 
     def _abort(self, h2_code: int, reason: str) -> None:
         if self.transport is not None and self.lost is None:
             self.transport.write(frames.goaway(0, h2_code, reason.encode()[:200]))
             self.transport.close()
         self._fail_all(RpcError(StatusCode.UNAVAILABLE, f"HTTP/2 connection to {self.name} failed: {reason}"))
+
+
+class _Unprocessed(RpcError):
+    """UNAVAILABLE for a call the server did not process (RFC 9113 section 8.7): it may be sent again."""
 
 
 class _ConnectionError(Exception):
@@ -477,6 +504,25 @@ class H2Channel:
                 StatusCode.RESOURCE_EXHAUSTED,
                 f"request of {len(request)} bytes over the limit of {self.max_message_size} bytes",
             )
+        message = grpc_wire.encode_message(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        retries = 0
+        try:
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    try:
+                        return await self._attempt(method, message, deadline - loop.time())
+                    except _Unprocessed:
+                        # The server never saw it (REFUSED_STREAM, or past a GOAWAY's last stream):
+                        # safe to send again, as gRPC's transparent retry does; a few times at most.
+                        retries += 1
+                        if retries > TRANSPARENT_RETRIES:
+                            raise
+        except TimeoutError:
+            raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3f} s") from None
+
+    async def _attempt(self, method: str, message: bytes, timeout: float) -> bytes:
         headers = encode_literal_block([
             (":method", "POST"),
             (":scheme", "http"),
@@ -486,19 +532,17 @@ class H2Channel:
             ("te", "trailers"),
             ("grpc-timeout", timeout_header(timeout)),
         ])
+        connection = await self._connected()
+        while not await connection.stream_slot():
+            connection = await self._connected()
+        stream_id, call = connection.open_stream()
         try:
-            async with asyncio.timeout(timeout):
-                connection = await self._connected()
-                stream_id, call = connection.open_stream()
-                try:
-                    await connection.send_request(stream_id, call, headers, grpc_wire.encode_message(request))
-                    return await call.done
-                finally:  # a stream still open (deadline, cancellation) is reset: the server stops too
-                    connection.reset(stream_id)
-                    if connection.retired and not connection.calls:
-                        connection.close()
-        except TimeoutError:
-            raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3f} s") from None
+            await connection.send_request(stream_id, call, headers, message)
+            return await call.done
+        finally:  # a stream still open (deadline, cancellation) is reset: the server stops too
+            connection.reset(stream_id)
+            if connection.retired and not connection.calls:
+                connection.close()
 
     async def _connected(self) -> _Connection:
         if self._connecting is None:
@@ -519,9 +563,18 @@ class H2Channel:
             self._connection = made
             return made
 
-    async def close(self) -> None:
+    async def close(self, grace: float | None = None) -> None:
+        """Close the connection: at once, or once its calls ended but after ``grace`` seconds
+        at most. A later call opens a new connection."""
         connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.close()
-            with contextlib.suppress(Exception):
-                await asyncio.sleep(0)
+        if connection is None:
+            return
+        connection.usable = False
+        if grace:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    while connection.calls:
+                        connection.progress.clear()
+                        await connection.progress.wait()
+        connection.close()
+        await asyncio.sleep(0)  # let the transport act on the close

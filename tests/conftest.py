@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import structlog
 
+from runtimeproxy import logs
 from runtimeproxy.testbed import Containerd, ContainerdBuild, RuntimeFetchError
 from runtimeproxy.testbed.runtimes import SERIES_SUITES, locate
 
@@ -96,6 +98,17 @@ def start_testbed(series: str, **options: Any) -> Containerd:
             bed.stop()
         raise
     return bed
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """A test that runs a CLI command configures structlog process-wide (configure_logging);
+    put the configuration back so later tests' capture_logs still see every level."""
+    config = structlog.get_config()
+    level = logs._min_level
+    yield
+    structlog.configure(**config)
+    logs._min_level = level
 
 
 @pytest.fixture

@@ -188,6 +188,7 @@ class Pod:
 class ContainerSpec:
     name: str
     resources: pb.LinuxContainerResources
+    command: tuple[str, ...] = ()  # the image's default (sleep) when empty
 
 
 class Node(ProxyAndHooks):
@@ -309,6 +310,7 @@ class Node(ProxyAndHooks):
             container = pb.ContainerConfig(
                 metadata=pb.ContainerMetadata(name=spec.name),
                 image=pb.ImageSpec(image=self.containerd.test_image),
+                command=list(spec.command),
                 log_path=f"{spec.name}.log",
                 linux=pb.LinuxContainerConfig(resources=spec.resources),
             )

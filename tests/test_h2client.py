@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
@@ -307,6 +309,14 @@ async def test_resets_goaway_and_protocol_errors(wire: Callable[[int], bytes], c
         assert any(t == frames.GOAWAY for t, _, _, _ in parse_frames(bytes(transport.written)))
 
 
+def test_the_daemon_loads_no_grpc() -> None:
+    """The point of this client: the proxy daemon (its CLI with the relay, store and hook
+    layer) never imports grpc, which costs about 9 MiB and six threads."""
+    probe = "import sys, runtimeproxy.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'grpc'))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_timeout_header_fits_eight_digits() -> None:
     assert timeout_header(2.0) == "2000m"
     assert timeout_header(0.0001) == "1m"
@@ -338,8 +348,9 @@ def both_loops(test: Callable[..., Coroutine[Any, Any, None]]) -> Any:
 class EchoServer:
     """A grpc.aio server whose one method does what ``behaviour`` says with the request."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, options: list[tuple[str, Any]] | None = None) -> None:
         self.path = path
+        self.extra_options = options or []
         self.behaviour: Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[bytes]] = self._echo
         self.cancelled = asyncio.Event()
         self.server: grpc.aio.Server | None = None
@@ -359,7 +370,8 @@ class EchoServer:
         handler = grpc.method_handlers_generic_handler(
             "test.Echo", {"Call": grpc.unary_unary_rpc_method_handler(self._handle)}
         )
-        options = [("grpc.max_send_message_length", 8 << 20), ("grpc.max_receive_message_length", 8 << 20)]
+        options = [("grpc.max_send_message_length", 8 << 20), ("grpc.max_receive_message_length", 8 << 20),
+                   *self.extra_options]
         self.server = grpc.aio.server(options=options)
         self.server.add_generic_rpc_handlers((handler,))
         self.server.add_insecure_port("unix://" + self.path)
@@ -371,9 +383,9 @@ class EchoServer:
 
 
 @contextlib.asynccontextmanager
-async def echo_server() -> AsyncIterator[tuple[EchoServer, H2Channel]]:
+async def echo_server(options: list[tuple[str, Any]] | None = None) -> AsyncIterator[tuple[EchoServer, H2Channel]]:
     with tempfile.TemporaryDirectory(prefix="h2c-") as tmp:
-        server = EchoServer(os.path.join(tmp, "echo.sock"))
+        server = EchoServer(os.path.join(tmp, "echo.sock"), options)
         await server.start()
         channel = H2Channel(server.path, max_message_size=4 << 20)
         try:
@@ -453,6 +465,49 @@ async def test_unavailable_while_down_and_reconnects_after() -> None:
         assert down.value.code() == StatusCode.UNAVAILABLE and server.path in down.value.details()
         await server.start()
         assert await channel.unary(METHOD, b"3", 5) == b"3"
+
+
+@both_loops
+async def test_calls_wait_for_a_stream_when_the_server_limits_them() -> None:
+    """Past the server's SETTINGS_MAX_CONCURRENT_STREAMS calls queue, as grpc-core's do,
+    instead of being refused."""
+    async with echo_server([("grpc.max_concurrent_streams", 2)]) as (server, channel):
+        running = 0
+        most = 0
+
+        async def slow(request: bytes, context: Any) -> bytes:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await asyncio.sleep(0.05)
+            running -= 1
+            return request
+
+        server.behaviour = slow
+        assert await channel.unary(METHOD, b"first", 5) == b"first"  # the server's SETTINGS are in
+        answers = await asyncio.gather(*(channel.unary(METHOD, bytes([n]), 5) for n in range(8)))
+        assert answers == [bytes([n]) for n in range(8)] and most == 2
+
+
+@both_loops
+async def test_close_with_grace_lets_calls_in_flight_finish() -> None:
+    async with echo_server() as (server, channel):
+
+        async def slow(request: bytes, context: Any) -> bytes:
+            await asyncio.sleep(0.2)
+            return request
+
+        server.behaviour = slow
+        in_flight = asyncio.ensure_future(channel.unary(METHOD, b"late", 5))
+        await asyncio.sleep(0.05)
+        await channel.close(grace=5)
+        assert await in_flight == b"late"
+        cut = asyncio.ensure_future(channel.unary(METHOD, b"cut", 5))
+        await asyncio.sleep(0.05)
+        await channel.close()  # no grace: the call ends now
+        with pytest.raises(RpcError) as closed:
+            await cut
+        assert closed.value.code() == StatusCode.UNAVAILABLE
 
 
 # -- against the real containerd ------------------------------------------------------------------

@@ -88,12 +88,9 @@ def test_cpu_defaults_are_koordinators() -> None:
     assert [getattr(cpu, qos).group_identity for qos in QoSClass] == [2, 2, 2, -1, 0]
     # DefaultCPUQOS: SchedIdle 0 for every class, BE included (cpu.idle pins cpu.shares).
     assert not any(getattr(cpu, qos).cpu_idle for qos in QoSClass)
-    # DefaultCPUBurstConfig: CPUBurstPercent 1000, CFSQuotaBurstPercent 300, applied to the pods that
-    # pkg/util/pod_qos_utils.go IsPodCPUBurstable accepts: not LSE, LSR or BE.
-    assert (cpu.LS.cfs_burst_percent, cpu.LS.cfs_quota_burst_percent) == (1000, 300)
-    assert (cpu.SYSTEM.cfs_burst_percent, cpu.SYSTEM.cfs_quota_burst_percent) == (1000, 300)
-    for qos in (cpu.LSE, cpu.LSR, cpu.BE):
-        assert (qos.cfs_burst_percent, qos.cfs_quota_burst_percent) == (0, 100)
+    # DefaultCPUBurstConfig: Policy "none", so koordlet's cpuburst strategy writes a burst of 0 for
+    # every pod (its CPUBurstPercent 1000 applies only with policy cpuBurstOnly or auto).
+    assert [getattr(cpu, qos).cfs_burst_percent for qos in QoSClass] == [0, 0, 0, 0, 0]
     # hooks/cpuset/cpuset.go unsets the CFS quota of cpuset pods (LSE, LSR).
     assert [getattr(cpu, qos).cfs_quota_enabled for qos in QoSClass] == [False, False, True, True, True]
     # hooks/batchresource: BE quota from the kubernetes.io/batch-cpu limit.
@@ -233,7 +230,7 @@ ERRORS = [
     ("resctrl: {BE: 3}", "resctrl.BE", "must be a mapping"),
     ("cpu: {be_quota_source: limits}", "cpu.be_quota_source", "one of batch, kubelet, got 'limits'"),
     ("cpu: {LS: {cfs_burst_percent: 10001}}", "cpu.LS.cfs_burst_percent", "from 0 to 10000"),
-    ("cpu: {LS: {cfs_quota_burst_percent: 99}}", "cpu.LS.cfs_quota_burst_percent", "of at least 100"),
+    ("cpu: {LS: {cfs_quota_burst_percent: 300}}", "cpu.LS.cfs_quota_burst_percent", "unknown key"),  # removed
     ("cpu: {BE: {group_identity: -2}}", "cpu.BE.group_identity", "from -1 to 2"),
     ("cpu: {BE: {cpu_idle: yes please}}", "cpu.BE.cpu_idle", "true or false, got 'yes please'"),
     ("cpu: {BE: {cpu_idle: 1}}", "cpu.BE.cpu_idle", "true or false, got 1"),
@@ -340,7 +337,6 @@ cpu_classes = st.builds(
     CPUSettings,
     cfs_quota_enabled=st.booleans(),
     cfs_burst_percent=st.integers(0, 10000),
-    cfs_quota_burst_percent=st.integers(100, 2**40),
     cpu_idle=st.booleans(),
     group_identity=st.integers(-1, 2),
 )
@@ -360,6 +356,8 @@ def memory_classes(draw: st.DrawFn) -> MemorySettings:
         wmark_scale_permill=draw(st.integers(1, 1000)),
         wmark_min_adj=draw(st.integers(-25, 50)),
         v1_soft_limit=draw(st.sampled_from(["unset", "request", "zero"])),
+        batch_memory_limit=draw(st.booleans()),
+        pod_oom_score_adj=draw(st.booleans()),
     )
 
 

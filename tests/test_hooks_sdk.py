@@ -4,6 +4,7 @@ failure policies, timeouts of sync and async handlers, metrics and entry point d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import threading
 import time
@@ -15,6 +16,8 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import overwrites
 from runtimeproxy.hooks import policy as policy_mod
@@ -39,6 +42,8 @@ from runtimeproxy.hooks.sdk import (
 )
 from structlog.testing import capture_logs
 
+from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
+from runtimeproxy.dispatch import resource_fields
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 
 POD = PodInfo(
@@ -869,6 +874,51 @@ def test_resource_changes_round_trip_through_the_wire_message() -> None:
     assert dict(back.unified) == {"memory.high": "max"}
     assert back.hugepage_limits == (HugepageLimit("2MB", 4 << 20),)
     assert changes.problems() == []
+
+
+def test_the_sdk_resource_types_have_exactly_the_wire_fields() -> None:
+    """Resources and ResourceChanges stay typed dataclasses, but their fields are the CRI
+    descriptor's (runtimeproxy/dispatch/resource_fields.py): a field added to the proto fails here."""
+    assert tuple(f.name for f in dataclasses.fields(Resources)) == resource_fields.FIELDS
+    assert tuple(f.name for f in dataclasses.fields(ResourceChanges)) == resource_fields.FIELDS
+    assert tuple(f.name for f in dataclasses.fields(HugepageLimit)) == tuple(
+        fd.name for fd in hook_pb.HugepageLimit.DESCRIPTOR.fields
+    )
+
+
+_INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@given(
+    ints=st.fixed_dictionaries({name: _INT64 for name in resource_fields.INTS}),
+    strings=st.fixed_dictionaries({name: st.text(max_size=8) for name in resource_fields.STRINGS}),
+    unified=st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8), max_size=3),
+    hugepages=st.lists(st.builds(HugepageLimit, st.sampled_from(["2MB", "1GB"]), _INT64.filter(lambda n: n >= 0))),
+)
+def test_every_resource_field_survives_the_wire_message(
+    ints: dict[str, int], strings: dict[str, str], unified: dict[str, str], hugepages: list[HugepageLimit]
+) -> None:
+    from runtimeproxy.hooks.sdk import resources_from_proto, resources_to_proto
+
+    changes = ResourceChanges(**ints, **strings, unified=unified, hugepage_limits=hugepages)
+    back = resources_from_proto(resources_to_proto(changes))
+    for name in resource_fields.SCALARS:
+        assert getattr(back, name) == getattr(changes, name), name
+    assert dict(back.unified) == unified
+    assert back.hugepage_limits == tuple(hugepages)
+
+
+def test_the_sdk_re_exports_its_public_api() -> None:
+    from runtimeproxy.hooks import changes, convert, definition, discovery, runner, sdk, views
+
+    for name in sdk.__all__:
+        assert hasattr(sdk, name), name
+    homes = (changes, convert, definition, discovery, runner, views)
+    public = {name for module in homes for name in module.__all__}
+    assert public <= set(sdk.__all__), public - set(sdk.__all__)
+    for module in homes:
+        for name in module.__all__:
+            assert getattr(sdk, name) is getattr(module, name), name
 
 
 # --- discovery ------------------------------------------------------------------------------------

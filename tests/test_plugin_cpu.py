@@ -13,7 +13,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from runtimeproxy.hooks.cgroups import MAX_SHARES, MIN_SHARES, CgroupFS, CgroupPathError, CgroupVersion
+from runtimeproxy.hooks.cgroups import (
+    MAX_SHARES,
+    MIN_SHARES,
+    CgroupFS,
+    CgroupPathError,
+    CgroupVersion,
+    shares_to_weight,
+)
+from runtimeproxy.hooks.extended_resources import BATCH_CPU
+from runtimeproxy.hooks.extended_resources import EXTENDED_RESOURCE_SPEC_ANNOTATION as SPEC_KEY
 from runtimeproxy.hooks.plugins import cpu
 from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
@@ -94,7 +103,7 @@ def make_runner(runners: list[PluginRunner], request: pytest.FixtureRequest) -> 
     return make
 
 
-def batch_spec(**containers: dict[str, Any]) -> str:
+def batch_spec(**containers: dict[str, Any] | None) -> str:
     return json.dumps({"containers": containers})
 
 
@@ -132,7 +141,7 @@ def remove(tree: FakeCgroup, parent: str, file: str, container_id: str | None = 
 # --- pod level ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("percent", "burst"), [(None, 200000), (50, 100000), (0, 0)])
+@pytest.mark.parametrize(("percent", "burst"), [(None, 0), (1000, 200000), (50, 100000), (0, 0)])
 async def test_ls_pod_gets_a_burst_and_keeps_kubelets_quota_and_shares(
     tree: FakeCgroup, fs: RecordingFS, make_runner: Any, percent: int | None, burst: int
 ) -> None:
@@ -148,7 +157,8 @@ async def test_ls_pod_gets_a_burst_and_keeps_kubelets_quota_and_shares(
 
     assert result.failures == [] and result.applied == ["cpu"]
     assert result.response.is_empty()  # pod level goes to the cgroup, not the sandbox request
-    # The default 1000 % is capped at the quota: the kernel refuses a burst above it.
+    # Default 0: Koordinator's default burst policy is "none". Its 1000 % is capped at the quota:
+    # the kernel refuses a burst above it.
     assert int(tree.read(parent, burst_file(tree))) == burst
     assert fs.cpu_quota(parent) == (200000, 100000)
     assert tree.read(parent, shares_file(tree)) == shares_before
@@ -179,19 +189,49 @@ async def test_be_pod_quota_comes_from_its_batch_cpu_limits(
     fs.set_cpu_shares(parent, 2)  # kubelet's BestEffort shares
     shares_before = tree.read(parent, shares_file(tree))
     spec = batch_spec(
-        main={"requests": {cpu.BATCH_CPU: "1k"}, "limits": {cpu.BATCH_CPU: "2k"}},
-        side={"requests": {cpu.BATCH_CPU: "250"}, "limits": {cpu.BATCH_CPU: 500}},
+        main={"requests": {BATCH_CPU: "1k"}, "limits": {BATCH_CPU: "2k"}},
+        side={"requests": {BATCH_CPU: "250"}, "limits": {BATCH_CPU: 500}},
     )
-    pod = make_pod(parent, qos="BE", uid="be-1", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    pod = make_pod(parent, qos="BE", uid="be-1", annotations={SPEC_KEY: spec})
 
     result = await make_runner().run(RUN, pod=pod)
 
     assert result.failures == []
     assert fs.cpu_quota(parent) == (2500 * 100, 100000)  # 2.5 cores
-    assert tree.read(parent, shares_file(tree)) == shares_before  # kubelet's
+    # Koordinator's SetPodCPUShares: the summed batch-cpu requests (1.25 cores), not kubelet's 2.
+    assert tree.read(parent, shares_file(tree)) != shares_before
+    shares = 1280 if tree.version is CgroupVersion.V1 else shares_to_weight(1280)
+    assert int(tree.read(parent, shares_file(tree))) == shares
     assert tree.read(parent, "cpu.idle") == "0"  # off by default
     assert tree.read(parent, "cpu.bvt_warp_ns") == "-1"
     assert int(tree.read(parent, burst_file(tree))) == 0  # BE: burst off
+
+
+async def test_be_pod_shares_are_kept_by_the_reconciler(tree: FakeCgroup, fs: RecordingFS, make_runner: Any) -> None:
+    parent = tree.add_pod("be-s", "besteffort")
+    spec = batch_spec(a={"requests": {BATCH_CPU: "500"}}, b={"requests": {BATCH_CPU: "-3"}}, c=None)
+    pod = make_pod(parent, qos="BE", uid="be-s", annotations={SPEC_KEY: spec})
+    runner = make_runner()
+    await runner.run(RUN, pod=pod)
+    expected = "512" if tree.version is CgroupVersion.V1 else str(shares_to_weight(512))
+    assert tree.read(parent, shares_file(tree)) == expected  # 0.5 core; a non-positive request counts as none
+    fs.writes.clear()
+    assert await runner.reconcile(pods=[pod]) == []
+    assert fs.writes == []  # in sync (v2: the weight is compared, not the shares it maps back to)
+    fs.set_cpu_shares(parent, 2)  # kubelet's reset
+    assert await runner.reconcile(pods=[pod]) == []
+    assert tree.read(parent, shares_file(tree)) == expected
+
+
+@pytest.mark.parametrize("annotation", [None, "{}", '{"containers": {}}'])
+async def test_be_pod_shares_left_to_kubelet_without_batch_containers(
+    tree: FakeCgroup, fs: RecordingFS, make_runner: Any, annotation: str | None
+) -> None:
+    parent = tree.add_pod("be-n", "besteffort")
+    fs.set_cpu_shares(parent, 2)
+    pod = make_pod(parent, qos="BE", uid="be-n", annotations={SPEC_KEY: annotation} if annotation else {})
+    await make_runner().run(RUN, pod=pod)
+    assert fs.cpu_shares(parent) == 2
 
 
 async def test_be_cpu_idle_only_when_the_policy_enables_it(tree: FakeCgroup, fs: RecordingFS, make_runner: Any) -> None:
@@ -210,22 +250,22 @@ async def test_a_be_pod_with_a_container_without_batch_limit_is_unlimited(
 ) -> None:
     parent = tree.add_pod("be-3", "besteffort")
     fs.set_cpu_quota(parent, 300000)
-    spec = batch_spec(a={"limits": {cpu.BATCH_CPU: "1000"}}, b={"requests": {cpu.BATCH_CPU: "1000"}})
-    pod = make_pod(parent, qos="BE", uid="be-3", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    spec = batch_spec(a={"limits": {BATCH_CPU: "1000"}}, b={"requests": {BATCH_CPU: "1000"}})
+    pod = make_pod(parent, qos="BE", uid="be-3", annotations={SPEC_KEY: spec})
     await make_runner().run(RUN, pod=pod)
     assert fs.cpu_quota(parent)[0] == -1
 
 
 @pytest.mark.parametrize(
     "annotation",
-    ["{not json", "[]", '{"containers": []}', json.dumps({"containers": {"a": {"limits": {cpu.BATCH_CPU: "lots"}}}})],
+    ["{not json", "[]", '{"containers": []}', json.dumps({"containers": {"a": {"limits": {BATCH_CPU: "lots"}}}})],
 )
 async def test_a_malformed_batch_annotation_leaves_the_quota_alone(
     tree: FakeCgroup, fs: RecordingFS, make_runner: Any, annotation: str
 ) -> None:
     parent = tree.add_pod("be-4", "besteffort")
     fs.set_cpu_quota(parent, 300000)
-    pod = make_pod(parent, qos="BE", uid="be-4", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: annotation})
+    pod = make_pod(parent, qos="BE", uid="be-4", annotations={SPEC_KEY: annotation})
     result = await make_runner().run(RUN, pod=pod)
     assert result.failures == []
     assert fs.cpu_quota(parent) == (300000, 100000)
@@ -235,8 +275,8 @@ async def test_be_quota_source_kubelet_keeps_kubelets_pod_quota(
     tree: FakeCgroup, fs: RecordingFS, make_runner: Any
 ) -> None:
     parent = tree.add_pod("be-5", "besteffort")
-    spec = batch_spec(a={"limits": {cpu.BATCH_CPU: "1000"}})
-    pod = make_pod(parent, qos="BE", uid="be-5", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    spec = batch_spec(a={"limits": {BATCH_CPU: "1000"}})
+    pod = make_pod(parent, qos="BE", uid="be-5", annotations={SPEC_KEY: spec})
     await make_runner("cpu: {be_quota_source: kubelet}").run(RUN, pod=pod)
     assert fs.cpu_quota(parent)[0] == -1
 
@@ -318,8 +358,8 @@ async def test_a_pod_whose_cgroup_is_no_pods_gets_nothing_written(
 ) -> None:
     """The root cgroup, systemd's slices, a QoS-class cgroup: never written, never created."""
     tree.mkdir("system.slice")
-    spec = batch_spec(main={"limits": {cpu.BATCH_CPU: "1500"}})
-    pod = make_pod(parent, qos="BE", uid="x", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    spec = batch_spec(main={"limits": {BATCH_CPU: "1500"}})
+    pod = make_pod(parent, qos="BE", uid="x", annotations={SPEC_KEY: spec})
     before = _snapshot(tree.root)
     runner = make_runner()
     with capture_logs() as logs:
@@ -376,8 +416,8 @@ async def test_burst_and_quota_are_written_in_an_order_the_kernel_accepts(
     parent = tree.add_pod("be-10", "besteffort")
     fs.set_cpu_quota(parent, quota_before)
     fs.set_cpu_burst(parent, burst_before)
-    spec = batch_spec(main={"limits": {cpu.BATCH_CPU: "3000" if burst_before == 0 else "1500"}})
-    pod = make_pod(parent, qos="BE", uid="be-10", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    spec = batch_spec(main={"limits": {BATCH_CPU: "3000" if burst_before == 0 else "1500"}})
+    pod = make_pod(parent, qos="BE", uid="be-10", annotations={SPEC_KEY: spec})
     quota = 300000 if burst_before == 0 else 150000
     result = await make_runner("cpu: {BE: {cfs_burst_percent: 100}}", cgroups=fs).run(RUN, pod=pod)
     assert result.failures == []
@@ -390,8 +430,8 @@ async def test_burst_and_quota_are_written_in_an_order_the_kernel_accepts(
 
 async def test_be_container_gets_quota_and_shares_from_batch_cpu(tree: FakeCgroup, make_runner: Any) -> None:
     parent = tree.add_pod("be-6", "besteffort")
-    spec = batch_spec(main={"requests": {cpu.BATCH_CPU: "1500"}, "limits": {cpu.BATCH_CPU: "2k"}})
-    pod = make_pod(parent, qos="BE", uid="be-6", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    spec = batch_spec(main={"requests": {BATCH_CPU: "1500"}, "limits": {BATCH_CPU: "2k"}})
+    pod = make_pod(parent, qos="BE", uid="be-6", annotations={SPEC_KEY: spec})
     runner = make_runner()
     for point in (CREATE, UPDATE):
         result = await runner.run(point, pod=pod, container=ContainerInfo(name="main", resources=Resources()))
@@ -408,7 +448,7 @@ async def test_be_container_gets_quota_and_shares_from_batch_cpu(tree: FakeCgrou
 async def test_be_container_without_batch_limit_or_request(tree: FakeCgroup, make_runner: Any) -> None:
     parent = tree.add_pod("be-7", "besteffort")
     spec = batch_spec(main={})
-    pod = make_pod(parent, qos="BE", uid="be-7", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    pod = make_pod(parent, qos="BE", uid="be-7", annotations={SPEC_KEY: spec})
     result = await make_runner().run(CREATE, pod=pod, container=ContainerInfo(name="main"))
     resources = result.response.resources
     assert (resources.cpu_quota, resources.cpu_period, resources.cpu_shares) == (-1, 0, MIN_SHARES)
@@ -432,7 +472,7 @@ async def test_ls_container_gets_no_resource_changes(tree: FakeCgroup, make_runn
     assert result.response.is_empty()
 
 
-@pytest.mark.parametrize(("percent", "burst"), [(None, 50000), (40, 20000)])
+@pytest.mark.parametrize(("percent", "burst"), [(None, 0), (1000, 50000), (40, 20000)])
 async def test_ls_container_burst_is_written_after_start(
     tree: FakeCgroup, fs: RecordingFS, make_runner: Any, percent: int | None, burst: int
 ) -> None:
@@ -485,8 +525,8 @@ async def test_reconcile_repairs_drift_counts_it_and_leaves_settled_pods_alone(
     tree: FakeCgroup, fs: RecordingFS, make_runner: Any
 ) -> None:
     be_parent = tree.add_pod("be-8", "besteffort")
-    spec = batch_spec(main={"limits": {cpu.BATCH_CPU: "1500"}})
-    be = make_pod(be_parent, qos="BE", uid="be-8", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    spec = batch_spec(main={"limits": {BATCH_CPU: "1500"}})
+    be = make_pod(be_parent, qos="BE", uid="be-8", annotations={SPEC_KEY: spec})
     ls_parent = tree.add_pod("ls-5", "burstable")
     fs.set_cpu_quota(ls_parent, 100000)
     ls = make_pod(ls_parent, uid="ls-5", resources=Resources(cpu_quota=100000, cpu_period=100000))
@@ -542,8 +582,8 @@ async def test_reconcile_follows_a_policy_change(tree: FakeCgroup, fs: Recording
 
 
 def test_plans_compute_without_touching_the_node() -> None:
-    spec = batch_spec(main={"requests": {cpu.BATCH_CPU: "500"}, "limits": {cpu.BATCH_CPU: "1"}})
-    pod = make_pod("/kubepods/besteffort/podq", qos="BE", annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: spec})
+    spec = batch_spec(main={"requests": {BATCH_CPU: "500"}, "limits": {BATCH_CPU: "1"}})
+    pod = make_pod("/kubepods/besteffort/podq", qos="BE", annotations={SPEC_KEY: spec})
     plan = cpu.plan_pod(pod, QoSClass.BE, DEFAULTS.for_class("BE"), SECTION)
     assert (plan.cfs_quota, plan.cfs_period, plan.cfs_burst, plan.cpu_idle, plan.group_identity) == (
         1000,  # 1 milli-core is 100 µs: raised to the kernel's minimum
@@ -556,10 +596,12 @@ def test_plans_compute_without_touching_the_node() -> None:
         "cpu.cfs_period_us": "100000",
         "cpu.cfs_quota_us": "1000",
         "cpu.cfs_burst_us": "0",
+        "cpu.shares": "512",  # the summed batch-cpu requests
         "cpu.idle": "0",
         "cpu.bvt_warp_ns": "-1",
     }
     assert plan.files(CgroupVersion.V2)["cpu.max"] == "1000 100000"
+    assert plan.files(CgroupVersion.V2)["cpu.weight"] == str(shares_to_weight(512))
     assert plan.describe()["notes"]
     container = cpu.plan_container(pod, ContainerInfo(name="main"), QoSClass.BE, DEFAULTS.for_class("BE"), SECTION)
     assert (container.cpu_quota, container.cpu_period, container.cpu_shares) == (1000, 100000, 512)
@@ -573,43 +615,17 @@ def test_plans_compute_without_touching_the_node() -> None:
     assert lsr.files(CgroupVersion.V2)["cpu.max"] == "max 100000"
 
 
-@pytest.mark.parametrize(
-    ("raw", "value"),
-    [
-        ("1500", 1500),
-        (1500, 1500),
-        ("2k", 2000),
-        ("1.5k", 1500),
-        ("500m", 1),
-        ("1e3", 1000),
-        ("1E", 10**18),
-        ("1Ki", 1024),
-        (" 7 ", 7),
-        ("-3", -3),
-        (1.5, 2),
-        ("1e100", (1 << 63) - 1),
-    ],
-)
-def test_quantities_read_like_kubernetes_value(raw: object, value: int) -> None:
-    assert cpu.quantity_value(raw) == value
-
-
-@pytest.mark.parametrize("raw", ["", "k", "1.2.3", "1KB", "0x10", "1e999", True, None, [1], "1 k"])
-def test_bad_quantities_are_refused(raw: object) -> None:
-    with pytest.raises(ValueError, match="quantity"):
-        cpu.quantity_value(raw)
-
-
-def test_batch_spec_parsing() -> None:
-    assert cpu.batch_cpu_spec({}) is None
-    key = cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION
-    assert cpu.batch_cpu_spec({key: "{}"}) == {}
-    assert cpu.batch_cpu_spec({key: batch_spec(a={"limits": None}, b={"requests": {"cpu": "1"}})}) == {
-        "a": cpu.BatchCPU(),
-        "b": cpu.BatchCPU(),
-    }
-    with pytest.raises(ValueError, match=r"containers\[a\]\.limits"):
-        cpu.batch_cpu_spec({key: batch_spec(a={"limits": "1"})})
+def test_the_batch_annotation_is_read_by_koordinators_rules() -> None:
+    """One parser (hooks/extended_resources.py): a bad quantity of any resource drops the whole
+    annotation, as Go's decoder does; a null entry is a listed container with nothing."""
+    pod = make_pod("/kubepods/besteffort/podq", qos="BE", annotations={SPEC_KEY: batch_spec(a=None)})
+    plan = cpu.plan_pod(pod, QoSClass.BE, _policy_for(QoSClass.BE), SECTION)
+    assert (plan.cfs_quota, plan.cpu_shares) == (-1, MIN_SHARES)  # listed without a limit: unlimited
+    bad_other = batch_spec(a={"limits": {BATCH_CPU: "1k", "memory": "lots"}})
+    pod = make_pod("/kubepods/besteffort/podq", qos="BE", annotations={SPEC_KEY: bad_other})
+    plan = cpu.plan_pod(pod, QoSClass.BE, _policy_for(QoSClass.BE), SECTION)
+    assert (plan.cfs_quota, plan.cpu_shares) == (None, None)
+    assert any("ignored" in note and "memory" in note for note in plan.notes)
 
 
 # --- properties of the arithmetic ---------------------------------------------------------------------
@@ -640,13 +656,13 @@ def test_burst_is_never_negative_nor_above_the_quota(quota: int, percent: int) -
 def test_container_plans_always_pass_the_proxys_checks(limit: int | None, request: int | None) -> None:
     entry: dict[str, Any] = {}
     if limit is not None:
-        entry["limits"] = {cpu.BATCH_CPU: str(limit)}
+        entry["limits"] = {BATCH_CPU: str(limit)}
     if request is not None:
-        entry["requests"] = {cpu.BATCH_CPU: str(request)}
+        entry["requests"] = {BATCH_CPU: str(request)}
     pod = make_pod(
         "/kubepods/besteffort/podh",
         qos="BE",
-        annotations={cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION: batch_spec(main=entry)},
+        annotations={SPEC_KEY: batch_spec(main=entry)},
     )
     plan = cpu.plan_container(pod, ContainerInfo(name="main"), QoSClass.BE, DEFAULTS.for_class("BE"), SECTION)
     changes = ResourceChanges()

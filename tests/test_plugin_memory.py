@@ -14,17 +14,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks import systemd_units
 from runtimeproxy.hooks.cgroups import CgroupDriver, CgroupVersion
+from runtimeproxy.hooks.extended_resources import BATCH_MEMORY
+from runtimeproxy.hooks.extended_resources import EXTENDED_RESOURCE_SPEC_ANNOTATION as EXTENDED_RESOURCE_SPEC
+from runtimeproxy.hooks.plugins import batch_memory
 from runtimeproxy.hooks.plugins.memory import (
-    BATCH_MEMORY,
-    EXTENDED_RESOURCE_SPEC,
     PAGE_SIZE,
     MemorySettings,
     container_inputs,
     container_plan,
-    extended_resource_spec,
     oom_score_adj,
-    parse_quantity,
     plugin,
     pod_inputs,
     protection,
@@ -74,6 +74,8 @@ def policy_entry(min_percent: int = 0, low_percent: int = 0, throttling_percent:
         wmark_scale_permill=20,
         wmark_min_adj=0,
         v1_soft_limit="unset",
+        batch_memory_limit=False,
+        pod_oom_score_adj=False,
     )
 
 
@@ -81,48 +83,32 @@ def spec(containers: dict[str, dict[str, dict[str, str]]]) -> str:
     return json.dumps({"containers": containers})
 
 
-# --- quantities and the annotation --------------------------------------------------------------
+# --- the annotation (read by hooks/extended_resources.py) ---------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("text", "units"),
-    [
-        ("4Gi", 4 * GiB),
-        ("1.5Gi", 3 * GiB // 2),
-        ("512M", 512_000_000),
-        ("1e3", 1000),
-        ("100m", 1),  # 0.1 rounded up, as Quantity.Value()
-        (" 2Ki ", 2048),
-        (1073741824, GiB),
-        ("+1k", 1000),
-    ],
+    "bad",
+    ["not json", "[]", '{"containers": []}', '{"containers": {"a": {"requests": {"memory": "lots"}}}}'],
 )
-def test_parse_quantity(text: Any, units: int) -> None:
-    assert parse_quantity(text) == units
+def test_an_unreadable_annotation_is_ignored_with_its_reason(bad: str) -> None:
+    pod = PodInfo(name="p", namespace="n", uid="u", annotations={EXTENDED_RESOURCE_SPEC: bad})
+    inputs = container_inputs(QoSClass.BE, pod, ContainerInfo(name="a"))
+    assert (inputs.request, inputs.limit) == (None, None)
+    assert inputs.notes[0].startswith(f"annotation {EXTENDED_RESOURCE_SPEC} ignored")
 
 
-@pytest.mark.parametrize("text", ["", "-1Gi", "1GiB", "abc", "1e99", True, None, 1.5, "1_000", "0x10"])
-def test_parse_quantity_refuses(text: Any) -> None:
-    with pytest.raises(ValueError):
-        parse_quantity(text)
-
-
-@given(st.integers(0, 1 << 32), st.sampled_from(["Ki", "Mi", "Gi", "k", "M", "G", ""]))
-def test_parse_quantity_suffixes(number: int, suffix: str) -> None:
-    scale = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "k": 10**3, "M": 10**6, "G": 10**9, "": 1}[suffix]
-    assert parse_quantity(f"{number}{suffix}") == number * scale
-
-
-def test_extended_resource_spec_reading() -> None:
-    annotations = {EXTENDED_RESOURCE_SPEC: spec({"a": {"requests": {BATCH_MEMORY: "1Gi"}, "limits": {"cpu": "2"}}})}
-    containers, problem = extended_resource_spec(annotations)
-    assert problem == ""
-    assert dict(containers["a"].requests) == {BATCH_MEMORY: GiB}
-    assert dict(containers["a"].limits) == {"cpu": 2}
-    assert extended_resource_spec({}) == ({}, "")
-    for bad in ("not json", "[]", '{"containers": []}', spec({"a": {"requests": {"memory": "lots"}}})):
-        containers, problem = extended_resource_spec({EXTENDED_RESOURCE_SPEC: bad})
-        assert containers == {} and problem.startswith(f"annotation {EXTENDED_RESOURCE_SPEC} ignored")
+def test_koordinator_rules_where_the_old_parser_refused() -> None:
+    """A negative quantity counts as unset (noted), a JSON number is a quantity, a null entry is
+    a container with nothing: Go takes all three, so the other containers' values still count."""
+    text = (
+        '{"containers": {"a": {"requests": {"kubernetes.io/batch-memory": "-1Gi"},'
+        ' "limits": {"kubernetes.io/batch-memory": 1073741824}}, "b": null}}'
+    )
+    pod = PodInfo(name="p", namespace="n", uid="u", annotations={EXTENDED_RESOURCE_SPEC: text})
+    inputs = container_inputs(QoSClass.BE, pod, ContainerInfo(name="a"))
+    assert (inputs.request, inputs.limit) == (None, GiB)
+    assert any("not positive" in note for note in inputs.notes)
+    assert pod_inputs(QoSClass.BE, pod).limit is None  # b has no limit: the pod is unlimited
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -510,3 +496,148 @@ async def test_reconcile_sets_back_drift_and_follows_policy_changes(
 
     # Without the containers (an older caller): the pod level only, and no failure.
     assert (await runner.reconcile_report(pods=[ls])).repaired == {"memory": 0}
+
+
+# --- memory limits from batch-memory (hooks/plugins/batch_memory.py) -----------------------------
+
+BATCH_POD = {
+    "a": {"limits": {BATCH_MEMORY: "64Mi"}},
+    "b": {"requests": {BATCH_MEMORY: "16Mi"}, "limits": {BATCH_MEMORY: "32Mi"}},
+}
+
+
+def _limit_file(version: int) -> str:
+    return "memory.max" if version == 2 else "memory.limit_in_bytes"
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@DRIVERS
+async def test_be_pod_limit_is_the_sum_of_batch_limits(make_node: Any, version: int, driver: CgroupDriver) -> None:
+    node = make_node(version=version, driver=driver, policy=DEFAULT_POLICY)
+    be = node.pod("BE", "besteffort", containers=BATCH_POD)
+    result = await node.runner.run(HookPoint.PRE_RUN_POD_SANDBOX, pod=be)
+    assert result.failures == []
+    assert node.read(be, _limit_file(version)) == str(96 * MiB)
+
+
+@pytest.mark.parametrize(
+    ("containers", "why"),
+    [
+        ({"a": {"limits": {BATCH_MEMORY: "64Mi"}}, "b": {"requests": {BATCH_MEMORY: "1Mi"}}}, "one has no limit"),
+        ({}, "no containers listed"),
+        (None, "no annotation"),
+    ],
+)
+async def test_be_pod_limit_left_alone(make_node: Any, containers: Any, why: str) -> None:
+    node = make_node(version=1, policy=DEFAULT_POLICY)
+    be = node.pod("BE", "besteffort")
+    if containers is not None:
+        be = dataclasses.replace(be, annotations=MappingProxyType({EXTENDED_RESOURCE_SPEC: spec(containers)}))
+    await node.runner.run(HookPoint.PRE_RUN_POD_SANDBOX, pod=be)
+    assert node.read(be, "memory.limit_in_bytes") == V1_UNLIMITED, why
+
+
+async def test_the_switch_and_the_class_decide(make_node: Any) -> None:
+    """Only classes with batch_memory_limit on (BE by default) get a limit from batch-memory."""
+    node = make_node(version=2, policy=DEFAULT_POLICY)
+    ls = node.pod("LS", containers=BATCH_POD)
+    await node.runner.run(HookPoint.PRE_RUN_POD_SANDBOX, pod=ls)
+    app = ContainerInfo(name="a")
+    result = await node.runner.run(HookPoint.PRE_CREATE_CONTAINER, pod=ls, container=app)
+    assert node.read(ls, "memory.max") == "max"
+    assert result.response.resources.memory_limit_in_bytes == 0
+    off = make_node(version=2, policy=policy_from("memory:\n  BE: {batch_memory_limit: false}\n"))
+    be = off.pod("BE", "besteffort", containers=BATCH_POD)
+    await off.runner.run(HookPoint.PRE_RUN_POD_SANDBOX, pod=be)
+    result = await off.runner.run(HookPoint.PRE_CREATE_CONTAINER, pod=be, container=app)
+    assert off.read(be, "memory.max") == "max"
+    assert result.response.resources.memory_limit_in_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "kubelet", "swap", "expected", "expected_swap"),
+    [
+        ("a", 0, 0, 64 * MiB, 0),  # kubelet set none: the batch limit
+        ("a", GiB, GiB, 64 * MiB, 64 * MiB),  # tighter than kubelet's; "no swap" kept
+        ("a", GiB, 2 * GiB, 64 * MiB, 0),  # kubelet allows swap: its swap limit is left alone
+        ("a", 16 * MiB, 16 * MiB, 0, 0),  # kubelet's is tighter: left alone
+        ("c", 0, 0, 0, 0),  # not in the annotation
+    ],
+)
+async def test_be_container_limit_in_the_cri_response(
+    make_node: Any, name: str, kubelet: int, swap: int, expected: int, expected_swap: int
+) -> None:
+    node = make_node(policy=DEFAULT_POLICY)
+    be = node.pod("BE", "besteffort", containers=BATCH_POD)
+    container = ContainerInfo(
+        name=name, resources=Resources(memory_limit_in_bytes=kubelet, memory_swap_limit_in_bytes=swap)
+    )
+    for hook in (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES):
+        result = await node.runner.run(hook, pod=be, container=container)
+        assert result.failures == []
+        assert result.response.resources.memory_limit_in_bytes == expected
+        assert result.response.resources.memory_swap_limit_in_bytes == expected_swap
+
+
+async def test_a_tiny_batch_limit_is_raised_to_runcs_minimum(make_node: Any) -> None:
+    node = make_node(policy=DEFAULT_POLICY)
+    be = node.pod("BE", "besteffort", containers={"a": {"limits": {BATCH_MEMORY: "1Mi"}}})
+    result = await node.runner.run(HookPoint.PRE_CREATE_CONTAINER, pod=be, container=ContainerInfo(name="a"))
+    assert result.response.resources.memory_limit_in_bytes == 6 * MiB
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_reconcile_keeps_batch_limits_and_never_lifts_a_tighter_one(make_node: Any, version: int) -> None:
+    node = make_node(version=version, policy=DEFAULT_POLICY)
+    be = dataclasses.replace(node.pod("BE", "besteffort", containers=BATCH_POD), sandbox_id="sb-be")
+    a = node.container(be, "a")
+    await node.runner.run(HookPoint.PRE_RUN_POD_SANDBOX, pod=be)
+    file, unlimited = _limit_file(version), ("max" if version == 2 else V1_UNLIMITED)
+    node.tree.dir(be.cgroup_parent, a.id, controller="memory").joinpath(file).write_text(f"{unlimited}\n")
+    node.tree.dir(be.cgroup_parent, controller="memory").joinpath(file).write_text(f"{unlimited}\n")
+    report = await node.runner.reconcile_report(pods=[be], containers={"sb-be": (a,)})
+    assert report.failures == [] and report.repaired == {"memory": 2}
+    assert node.read(be, file) == str(96 * MiB)
+    assert node.read(be, file, a) == str(64 * MiB)
+    # Someone tightened the container's limit: ours is looser, so it stays.
+    node.tree.dir(be.cgroup_parent, a.id, controller="memory").joinpath(file).write_text(f"{32 * MiB}\n")
+    report = await node.runner.reconcile_report(pods=[be], containers={"sb-be": (a,)})
+    assert report.repaired == {"memory": 0}
+    assert node.read(be, file, a) == str(32 * MiB)
+
+
+async def test_an_unreadable_limit_file_is_rewritten_and_logged(make_node: Any) -> None:
+    node = make_node(version=2, policy=DEFAULT_POLICY)
+    be = node.pod("BE", "besteffort", containers=BATCH_POD)
+    node.tree.dir(be.cgroup_parent, controller="memory").joinpath("memory.max").write_text("garbage\n")
+    await node.runner.run(HookPoint.PRE_RUN_POD_SANDBOX, pod=be)
+    assert node.read(be, "memory.max") == str(96 * MiB)
+
+
+@pytest.mark.parametrize(
+    ("text", "version", "value"),
+    [
+        ("max", 2, None),
+        ("1048576", 2, MiB),
+        (V1_UNLIMITED, 1, None),
+        ("-1", 1, None),
+        ("1048576", 1, MiB),
+    ],
+)
+def test_parse_limit(text: str, version: int, value: int | None) -> None:
+    assert batch_memory.parse_limit(text, CgroupVersion(version)) == value
+
+
+@given(st.integers(1, 1 << 62), st.one_of(st.none(), st.integers(-1, 1 << 62)))
+def test_tightens_never_lifts(planned: int, current: int | None) -> None:
+    if batch_memory.tightens(planned, current):
+        assert current is None or current <= 0 or planned < current
+    else:
+        assert current is not None and 0 < current <= planned
+
+
+def test_systemd_gets_the_pod_limit_as_memory_max() -> None:
+    """Under the systemd driver the pod slice's memory.max is synced as MemoryMax (issue 13)."""
+    assert systemd_units.unit_properties("memory.max", str(96 * MiB)) == (
+        systemd_units.UnitProperty("MemoryMax", "t", 96 * MiB),
+    )

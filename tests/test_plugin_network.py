@@ -31,9 +31,12 @@ from runtimeproxy.hooks.plugins.network import (
     Shaper,
     band_classid,
     band_rates,
+    bpf,
     explain,
+    handlers,
     network_config,
     plan_tree,
+    pods,
     tc_commands,
 )
 from runtimeproxy.hooks.policy import DEFAULT_POLICY
@@ -126,7 +129,7 @@ def test_classes_map_to_bands() -> None:
     assert [network.band_of(q) for q in ("LSE", "LSR", "LS", "BE", "SYSTEM")] == ["LS", "LS", "LS", "BE", "SYSTEM"]
     assert (SYSTEM, LS, BE) == (0x10010, 0x10020, 0x10030)
     assert network.format_handle(BE) == "1:30"
-    assert len(network._classid_program()) == 10 * 8
+    assert len(bpf.classid_program()) == 10 * 8
 
 
 def test_link_speed_from_policy_sysfs_or_fallback(tmp_path: Path) -> None:
@@ -187,12 +190,12 @@ def test_pod_classid_written_on_the_pod_cgroup_and_below(tmp_path: Path) -> None
     pod = PodInfo("p", "ns", "u1", sandbox_id="sb", cgroup_parent="/kubepods/besteffort/podu1")
     top = _fake_net_cls(tmp_path, pod, ["sb", "ctr"])
     cgroups = CgroupFS(tmp_path, version=CgroupVersion.V1)
-    assert network.net_cls_available(cgroups)
-    assert network.ensure_pod_classid(cgroups, pod.cgroup_parent, BE) == 3
+    assert pods.net_cls_available(cgroups)
+    assert pods.ensure_pod_classid(cgroups, pod.cgroup_parent, BE) == 3
     assert [int((d / "net_cls.classid").read_text()) for d in (top, top / "sb", top / "ctr")] == [BE] * 3
-    assert network.ensure_pod_classid(cgroups, pod.cgroup_parent, BE) == 0
-    assert network.ensure_pod_classid(cgroups, "/kubepods/besteffort/podgone", BE) == 0
-    assert not network.net_cls_available(CgroupFS(tmp_path / "none", version=CgroupVersion.V1))
+    assert pods.ensure_pod_classid(cgroups, pod.cgroup_parent, BE) == 0
+    assert pods.ensure_pod_classid(cgroups, "/kubepods/besteffort/podgone", BE) == 0
+    assert not pods.net_cls_available(CgroupFS(tmp_path / "none", version=CgroupVersion.V1))
 
 
 def test_dry_run_touches_no_interface(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,10 +208,10 @@ def test_dry_run_touches_no_interface(tmp_path: Path, monkeypatch: pytest.Monkey
     top = _fake_net_cls(tmp_path, pod, ["sb"])
     cgroups = CgroupFS(tmp_path, version=CgroupVersion.V1)
     logger = structlog.get_logger()
-    network._start(server=ServerContext(), log=logger, **given)
-    asyncio.run(network._classify(pod=pod, qos=QoSClass.BE, cgroups=cgroups, log=logger, **given))
-    asyncio.run(network._forget(pod=pod, log=logger, **given))
-    assert network._reconcile(pods=[pod], cgroups=cgroups, log=logger, **given) == 0
+    handlers._start(server=ServerContext(), log=logger, **given)
+    asyncio.run(handlers._classify(pod=pod, qos=QoSClass.BE, cgroups=cgroups, log=logger, **given))
+    asyncio.run(handlers._forget(pod=pod, log=logger, **given))
+    assert handlers._reconcile(pods=[pod], cgroups=cgroups, log=logger, **given) == 0
     assert not state.active
     assert int((top / "sb" / "net_cls.classid").read_text()) == BE
 
@@ -530,7 +533,7 @@ async def test_plugin_lifecycle_through_the_runner(lab: Lab) -> None:
         assert await runner.reconcile(pods=[pod]) == []
         loaded = policy.sections["network"]
         given = {"section": loaded.common, "settings_for": loaded.for_class, "state": state}
-        assert network._reconcile(pods=[pod], cgroups=lab.cgroups, log=LOG, **given) == 0
+        assert handlers._reconcile(pods=[pod], cgroups=lab.cgroups, log=LOG, **given) == 0
         result = await runner.run(HookPoint.POST_STOP_POD_SANDBOX, pod=pod)
         assert result.failures == [] and state.shaper.snapshot().ip_filters == ()
         assert await runner.stop() == []

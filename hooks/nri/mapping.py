@@ -33,7 +33,8 @@ from typing import Any, Final
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 
-from ..sdk import ContainerInfo, HookResponse, HugepageLimit, PodInfo, ResourceChanges, Resources
+from ..changes import HookResponse, ResourceChanges
+from ..views import ContainerInfo, HugepageLimit, PodInfo, Resources
 
 __all__ = [
     "REMOVAL_PREFIX",

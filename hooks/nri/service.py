@@ -35,7 +35,9 @@ from google.protobuf.message import DecodeError
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 
-from ..sdk import ContainerInfo, HookCallFailed, HookResponse, PluginRunner, PodInfo
+from ..changes import HookResponse
+from ..runner import HookCallFailed, PluginRunner
+from ..views import ContainerInfo, PodInfo
 from .mapping import (
     NotApplied,
     container_adjustment,

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 import structlog
 from prometheus_client import CollectorRegistry
 
-from ..sdk import ContainerInfo, PluginRunner, PodInfo
+from ..runner import PluginRunner
+from ..views import ContainerInfo, PodInfo
 from .metrics import NriMetrics
 from .plugin import NriPlugin, NriSettings
 from .service import NriHooks

@@ -1,1 +1,2 @@
-"""The built-in runtime-hooks plugins, one module each; listed as entry points in pyproject.toml."""
+"""The built-in runtime-hooks plugins, one module (or sub-package, as network) each; listed as entry
+points in pyproject.toml."""

@@ -12,14 +12,16 @@ CFS quota             cpu.cfs_quota_us + period      cpu.max              BE wit
                                                                           the batch annotation; -1 for classes
                                                                           with ``cfs_quota_enabled: false``
 CFS burst             cpu.cfs_burst_us               cpu.max.burst        every class, where the file exists
+CPU shares            cpu.shares                     cpu.weight           BE with the batch annotation
 CPU idle              cpu.idle                       cpu.idle             every class, where the file exists
 group identity        cpu.bvt_warp_ns                cpu.bvt_warp_ns      every class, where the file exists
 ====================  =============================  ===================  =====================================
 
 These are the values this plugin owns at pod level: the reconciler puts them back when
-they drift. Everything else is kubelet's: ``cpu.shares`` / ``cpu.weight`` are never
-written at pod level (kubelet sets and keeps resetting them), and the pod quota is left
-as kubelet set it unless the table says otherwise. Kubelet writes the pod quota only when
+they drift. Everything else is kubelet's: ``cpu.shares`` / ``cpu.weight`` are written at pod
+level only for a BE pod with batch resources (kubelet gives a BestEffort pod 2; Koordinator's
+batchresource hook replaces that, and its reconciler, like ours, wins any later reset), and
+the pod quota is left as kubelet set it unless the table says otherwise. Kubelet writes the pod quota only when
 it creates the pod cgroup and on an in-place resize, so the two do not fight; the
 reconciler re-applies ours after a resize.
 
@@ -29,12 +31,20 @@ reconciler re-applies ours after a resize.
   milli-cores). The pod quota is the sum of the containers' limits *
   period / 1000 µs, at least 1000; a container without a batch-cpu limit makes the pod
   unlimited (-1), as in Koordinator. No annotation, or one that does not parse: the quota
-  is left alone.
+  is left alone. The annotation is read by :mod:`..extended_resources` (Koordinator's rules).
+* **BE shares** (batchresource ``SetPodCPUShares``): the pod's ``cpu.shares`` = the sum of the
+  containers' batch-cpu requests * 1024 / 1000, within 2..262144 (``cpu.weight`` on v2, by
+  the runtime's mapping); an annotation listing no containers changes nothing.
 * **Burst**: ``cfs_burst_percent`` of the quota the cgroup ends up with, capped at that
   quota: the kernel refuses a burst above the quota (``tg_set_cfs_bandwidth``, and
-  cgroup-v2.rst: "the burst in the range [0, $MAX]"), so Koordinator's default of 1000 %
-  acts as 100 % here. 0 % or an unlimited quota write 0 (no burst). When both change, the
-  writes are ordered so that the burst never exceeds the quota in force.
+  cgroup-v2.rst: "the burst in the range [0, $MAX]"), so Koordinator's ``cpuBurstPercent``
+  of 1000 % acts as 100 % here. The default is 0 for every class: Koordinator's default burst
+  policy is ``none`` (its cpuburst strategy then writes 0). 0 % or an unlimited quota write 0
+  (no burst). When both change, the writes are ordered so that the burst never exceeds the
+  quota in force. Koordinator's other burst, CFS *quota* burst (raising a throttled
+  container's quota up to ``cfsQuotaBurstPercent`` while the node's share pool is idle), is
+  not done: it is driven by usage and throttling metrics over time (koordlet's metric cache),
+  which this plugin does not collect (docs/koordinator-parity.md).
 * **cpu.idle** is the class's ``cpu_idle`` (1 or 0); the defaults leave it 0 for every
   class. **Group identity** is the class's ``group_identity`` (Alibaba Cloud Linux only).
 
@@ -70,16 +80,18 @@ only what differs.
 
 from __future__ import annotations
 
-import json
-import math
-import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Final, Literal
 
-from ..cgroups import MAX_SHARES, MIN_SHARES, CgroupError, CgroupFS, CgroupUnsupported, CgroupVersion
+from ..cgroups import MAX_SHARES, MIN_SHARES, CgroupError, CgroupFS, CgroupUnsupported, CgroupVersion, shares_to_weight
+from ..extended_resources import (
+    BATCH_CPU,
+    EXTENDED_RESOURCE_SPEC_ANNOTATION,
+    ExtendedResourceSpec,
+    read_extended_resource_spec,
+)
 from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, ResourceChanges, Resources, qos_of
@@ -87,13 +99,10 @@ from ..settings import boolean, choice, integer, parsed_by
 from .cpuset import cpuset_from_annotations
 
 __all__ = [
-    "BATCH_CPU",
     "CFS_PERIOD_US",
-    "EXTENDED_RESOURCE_SPEC_ANNOTATION",
     "MAX_CFS_QUOTA_US",
     "MIN_CFS_QUOTA_US",
     "BEQuotaSource",
-    "BatchCPU",
     "CPUSection",
     "CPUSettings",
     "CpuContainerPlan",
@@ -101,7 +110,6 @@ __all__ = [
     "CpuState",
     "apply_container_burst",
     "apply_pod_plan",
-    "batch_cpu_spec",
     "cfs_burst_us",
     "ensure_pod_cgroup",
     "milli_cpu_to_quota",
@@ -109,7 +117,6 @@ __all__ = [
     "plan_container",
     "plan_pod",
     "plugin",
-    "quantity_value",
     "reconcile_pods",
 ]
 
@@ -122,15 +129,12 @@ class CPUSettings:
 
     ``cfs_quota_enabled``: false runs the container with no CFS quota (-1).
     ``cfs_burst_percent``: cpu.cfs_burst_us (v1) / cpu.max.burst (v2) as a percentage of the
-    cpu limit, 0 = off. ``cfs_quota_burst_percent``: the ceiling, as a percentage of the
-    limit, to which the reconciler may raise the quota while the node has CPU to spare, 100 =
-    never. ``cpu_idle``: cgroup cpu.idle. ``group_identity``: cpu.bvt_warp_ns (-1..2) on
-    kernels that have it.
+    cpu limit, 0 = off. ``cpu_idle``: cgroup cpu.idle. ``group_identity``: cpu.bvt_warp_ns
+    (-1..2) on kernels that have it.
     """
 
     cfs_quota_enabled: bool = field(metadata=parsed_by(boolean))
     cfs_burst_percent: int = field(metadata=parsed_by(integer(0, 10000, "a percentage")))
-    cfs_quota_burst_percent: int = field(metadata=parsed_by(integer(100, None, "a percentage")))
     cpu_idle: bool = field(metadata=parsed_by(boolean))
     group_identity: int = field(metadata=parsed_by(integer(-1, 2)))
 
@@ -175,11 +179,6 @@ plugin = Plugin(
     needs=("cgroups",),
 )
 
-# koordinator-sh/koordinator apis/extension: AnnotationExtendedResourceSpec (NodeDomainPrefix +
-# "/extended-resource-spec") and BatchCPU (ResourceDomainPrefix "kubernetes.io/" + "batch-cpu").
-EXTENDED_RESOURCE_SPEC_ANNOTATION: Final = "node.koordinator.sh/extended-resource-spec"
-BATCH_CPU: Final = "kubernetes.io/batch-cpu"
-
 #: The CFS period Koordinator computes quotas with (CFSBasePeriodValue), kubelet's default too.
 CFS_PERIOD_US: Final = 100_000
 #: The smallest quota the kernel takes (1 ms); Koordinator's CFSQuotaMinValue.
@@ -187,9 +186,6 @@ MIN_CFS_QUOTA_US: Final = 1000
 #: The largest quota (and quota + burst) the kernel takes: max_cfs_runtime, 2^44 - 1 µs.
 MAX_CFS_QUOTA_US: Final = (1 << 44) - 1
 _SHARES_PER_CPU: Final = 1024
-
-_INT64_MAX: Final = (1 << 63) - 1
-_MAX_EXPONENT: Final = 100
 
 
 # --- arithmetic ------------------------------------------------------------------------------
@@ -218,115 +214,6 @@ def cfs_burst_us(quota_us: int, percent: int) -> int:
     return min(quota_us * percent // 100, quota_us)
 
 
-# --- Koordinator's batch resources --------------------------------------------------------------
-
-_QUANTITY = re.compile(
-    r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?", re.ASCII
-)
-_SUFFIXES: Final[Mapping[str, Decimal]] = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-    **{suffix: Decimal(1024**power) for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
-}
-
-
-def quantity_value(raw: object) -> int:
-    """A Kubernetes resource.Quantity (string or JSON number) as ``Quantity.Value()``: rounded up
-    to an integer, kept within int64. ValueError if it is not a quantity."""
-    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-        raise ValueError(f"not a quantity: {raw!r}")
-    text = raw.strip() if isinstance(raw, str) else repr(raw)
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
-        raise ValueError(f"not a quantity: {raw!r}")
-    number, suffix = Decimal(match.group(1)), match.group(2) or ""
-    if suffix in _SUFFIXES:
-        value = number * _SUFFIXES[suffix]
-    else:  # a decimal exponent, e3 / E-2
-        exponent = int(suffix[1:])
-        if abs(exponent) > _MAX_EXPONENT:
-            raise ValueError(f"quantity out of range: {raw!r}")
-        value = number.scaleb(exponent)
-    return max(min(math.ceil(value), _INT64_MAX), -_INT64_MAX)
-
-
-@dataclass(frozen=True)
-class BatchCPU:
-    """A container's kubernetes.io/batch-cpu in milli-cores; None where the annotation lists none."""
-
-    request_milli: int | None = None
-    limit_milli: int | None = None
-
-
-def _resource_list(value: object, where: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be an object, got {type(value).__name__}")
-    raw = value.get(BATCH_CPU)
-    if raw is None:
-        return None
-    try:
-        return quantity_value(raw)
-    except ValueError as exc:
-        raise ValueError(f"{where}[{BATCH_CPU}]: {exc}") from None
-
-
-def batch_cpu_spec(annotations: Mapping[str, str]) -> dict[str, BatchCPU] | None:
-    """Each container's batch-cpu from the extended-resource-spec annotation, by container name.
-
-    None when the pod has no such annotation; ValueError (saying what is wrong) when it is
-    not ``{"containers": {"<name>": {"requests": {...}, "limits": {...}}}}`` with quantities.
-    """
-    text = annotations.get(EXTENDED_RESOURCE_SPEC_ANNOTATION)
-    if text is None:
-        return None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"{EXTENDED_RESOURCE_SPEC_ANNOTATION} is not JSON: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{EXTENDED_RESOURCE_SPEC_ANNOTATION} must be a JSON object")
-    containers = data.get("containers")
-    if containers is None:
-        return {}
-    if not isinstance(containers, dict):
-        raise ValueError(f"{EXTENDED_RESOURCE_SPEC_ANNOTATION}: containers must be an object")
-    spec: dict[str, BatchCPU] = {}
-    for name, entry in containers.items():
-        where = f"{EXTENDED_RESOURCE_SPEC_ANNOTATION}: containers[{name}]"
-        if entry is None:
-            spec[name] = BatchCPU()
-            continue
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where} must be an object")
-        spec[name] = BatchCPU(
-            request_milli=_resource_list(entry.get("requests"), f"{where}.requests"),
-            limit_milli=_resource_list(entry.get("limits"), f"{where}.limits"),
-        )
-    return spec
-
-
-def _pod_batch_limit(spec: Mapping[str, BatchCPU]) -> int:
-    """The pod's batch-cpu limit: the containers' sum, or -1 once one container has none."""
-    total = 0
-    for entry in spec.values():
-        if entry.limit_milli is None or entry.limit_milli <= 0:
-            return -1
-        total += entry.limit_milli
-    return total
-
-
 # --- plans ------------------------------------------------------------------------------------
 
 
@@ -343,6 +230,7 @@ class CpuPodPlan:
     cfs_quota: int | None = None
     cfs_period: int = CFS_PERIOD_US
     cfs_burst: int | None = None
+    cpu_shares: int | None = None
     cpu_idle: bool | None = None
     group_identity: int | None = None
     notes: tuple[str, ...] = ()
@@ -358,6 +246,11 @@ class CpuPodPlan:
                 out["cpu.max"] = f"{self.cfs_quota if self.cfs_quota > 0 else 'max'} {self.cfs_period}"
         if self.cfs_burst is not None:
             out["cpu.cfs_burst_us" if version is CgroupVersion.V1 else "cpu.max.burst"] = str(self.cfs_burst)
+        if self.cpu_shares is not None:
+            if version is CgroupVersion.V1:
+                out["cpu.shares"] = str(self.cpu_shares)
+            else:
+                out["cpu.weight"] = str(shares_to_weight(self.cpu_shares))
         if self.cpu_idle is not None:
             out["cpu.idle"] = "1" if self.cpu_idle else "0"
         if self.group_identity is not None:
@@ -372,6 +265,7 @@ class CpuPodPlan:
             "cfs_quota": self.cfs_quota,
             "cfs_period": self.cfs_period,
             "cfs_burst": self.cfs_burst,
+            "cpu_shares": self.cpu_shares,
             "cpu_idle": self.cpu_idle,
             "group_identity": self.group_identity,
             "notes": list(self.notes),
@@ -412,14 +306,15 @@ class CpuContainerPlan:
         }
 
 
-def _batch_spec(annotations: Mapping[str, str], notes: list[str]) -> dict[str, BatchCPU] | None:
-    try:
-        spec = batch_cpu_spec(annotations)
-    except ValueError as exc:
-        notes.append(f"batch resources ignored: {exc}")
-        return None
-    if spec is None:
+def _batch_spec(annotations: Mapping[str, str], notes: list[str]) -> ExtendedResourceSpec | None:
+    """The pod's batch resources (hooks/extended_resources.py); None without a usable annotation."""
+    spec, problem = read_extended_resource_spec(annotations)
+    if problem:
+        notes.append(f"batch resources ignored: {problem}")
+    elif spec is None:
         notes.append(f"no {EXTENDED_RESOURCE_SPEC_ANNOTATION} annotation: batch resources unknown")
+    else:
+        notes.extend(spec.notes)
     return spec
 
 
@@ -433,6 +328,32 @@ def _effective_quota(planned: int | None, current: int | None, resources: Resour
     if resources is not None:
         return resources.cpu_quota if resources.cpu_quota > 0 else -1
     return None
+
+
+def _pod_batch_quota(spec: ExtendedResourceSpec | None, period: int, notes: list[str]) -> int | None:
+    """A BE pod's quota from the summed batch-cpu limits (-1 once one is missing); None: kubelet's."""
+    if spec is None:
+        return None
+    if not spec.containers:
+        notes.append("BE: the batch annotation lists no containers: quota left to kubelet")
+        return None
+    milli = spec.pod_limit(BATCH_CPU)
+    if milli is None:
+        notes.append("BE: a container has no batch-cpu limit: pod unlimited")
+        return -1
+    quota = milli_cpu_to_quota(milli, period)
+    notes.append(f"BE: batch-cpu limits add up to {milli}m: quota {quota} per {period} µs")
+    return quota
+
+
+def _pod_batch_shares(spec: ExtendedResourceSpec | None, notes: list[str]) -> int | None:
+    """A BE pod's cpu.shares from the summed batch-cpu requests (batchresource SetPodCPUShares)."""
+    if spec is None or not spec.containers:
+        return None
+    milli = spec.pod_request(BATCH_CPU) or 0
+    shares = milli_cpu_to_shares(milli)
+    notes.append(f"BE: batch-cpu requests add up to {milli}m: pod cpu shares {shares}")
+    return shares
 
 
 def plan_pod(
@@ -449,20 +370,13 @@ def plan_pod(
     notes: list[str] = []
     period = pod.resources.cpu_period if pod.resources is not None and pod.resources.cpu_period > 0 else CFS_PERIOD_US
     quota: int | None = None
+    spec = _batch_spec(pod.annotations, notes) if qos is QoSClass.BE else None
+    shares = _pod_batch_shares(spec, notes)
     if not policy.cfs_quota_enabled and _pinned(pod.annotations):
         quota = -1
         notes.append(f"{qos.value}: pinned to its own cpuset and cfs_quota_enabled is false: no CFS quota")
     elif qos is QoSClass.BE and section.be_quota_source == "batch":
-        spec = _batch_spec(pod.annotations, notes)
-        if spec:
-            milli = _pod_batch_limit(spec)
-            quota = milli_cpu_to_quota(milli, period)
-            if milli > 0:
-                notes.append(f"BE: batch-cpu limits add up to {milli}m: quota {quota} per {period} µs")
-            else:
-                notes.append("BE: a container has no batch-cpu limit: pod unlimited")
-        elif spec is not None:
-            notes.append("BE: the batch annotation lists no containers: quota left to kubelet")
+        quota = _pod_batch_quota(spec, period, notes)
     else:
         notes.append("CFS quota left to kubelet")
 
@@ -480,6 +394,7 @@ def plan_pod(
         cfs_quota=quota,
         cfs_period=period,
         cfs_burst=burst,
+        cpu_shares=shares,
         cpu_idle=policy.cpu_idle,
         group_identity=policy.group_identity,
         notes=tuple(notes),
@@ -505,15 +420,17 @@ def plan_container(
     shares: int | None = None
     if qos is QoSClass.BE:
         spec = _batch_spec(pod.annotations, notes)
-        entry = spec.get(container.name) if spec else None
+        entry = spec.container(container.name) if spec is not None else None
         if spec is not None and entry is None:
             notes.append(f"BE: container {container.name} is not in the batch annotation")
         if entry is not None:
-            shares = milli_cpu_to_shares(entry.request_milli or 0)
-            notes.append(f"BE: batch-cpu request {entry.request_milli or 0}m: cpu shares {shares}")
+            request = entry.request(BATCH_CPU) or 0
+            shares = milli_cpu_to_shares(request)
+            notes.append(f"BE: batch-cpu request {request}m: cpu shares {shares}")
             if section.be_quota_source == "batch":
-                quota = milli_cpu_to_quota(entry.limit_milli or 0, period)
-                notes.append(f"BE: batch-cpu limit {entry.limit_milli or 0}m: quota {quota}")
+                limit = entry.limit(BATCH_CPU) or 0
+                quota = milli_cpu_to_quota(limit, period)
+                notes.append(f"BE: batch-cpu limit {limit}m: quota {quota}")
     if not policy.cfs_quota_enabled and _pinned(pod.annotations):
         quota = -1
         notes.append(f"{qos.value}: pinned to its own cpuset and cfs_quota_enabled is false: no CFS quota")
@@ -551,18 +468,19 @@ def _current_quota(fs: CgroupFS, parent: str, container_id: str | None = None) -
         return None
 
 
-def ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool = False) -> bool:
-    """Create the pod cgroup ``parent`` if it is missing (see the module doc); True if it was made.
+def ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool = False, controller: str = "cpu") -> bool:
+    """Create the pod cgroup ``parent`` in ``controller``'s hierarchy if it is missing (see the
+    module doc; the memory plugin uses it for batch-memory limits); True if it was made.
     With ``dry_run`` nothing is created (a mkdir is no cgroup-file write a dry-run handle records).
     CgroupPathError for a bad parent, CgroupScopeError for one that is no pod's under the pod roots."""
-    target = fs.pod_path("cpu", parent)
-    if fs.exists(parent):
+    target = fs.pod_path(controller, parent)
+    if fs.exists(parent, None, controller):
         return False
     if dry_run:
         log.info("would create the missing pod cgroup", path=str(target))
         return False
     try:
-        made = fs.create_pod_cgroup(parent, "cpu", log=log)
+        made = fs.create_pod_cgroup(parent, controller, log=log)
     except CgroupUnsupported as exc:
         log.warning("pod cgroup not created", path=str(target), error=str(exc))
         return False
@@ -621,6 +539,15 @@ def apply_pod_plan(fs: CgroupFS, plan: CpuPodPlan, log: Any) -> list[str]:
         written.append("quota")
     if burst_to is not None and _write("burst", log, fs.set_cpu_burst, parent, burst_to):
         written.append("burst")
+
+    shares_file = fs.file_name("cpu.shares")
+    if plan.cpu_shares is not None and fs.has_file("cpu", shares_file, parent):
+        # Compared as the file holds it: on v2 a weight, which maps back to other shares.
+        wanted = int(plan.files(fs.version)[shares_file])
+        if _read_int(fs, shares_file, parent) != wanted and _write(
+            "shares", log, fs.set_cpu_shares, parent, plan.cpu_shares
+        ):
+            written.append("shares")
 
     if plan.cpu_idle is not None and fs.has_file("cpu", "cpu.idle", parent):
         idle_now = _read_int(fs, "cpu.idle", parent)

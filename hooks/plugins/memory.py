@@ -10,12 +10,18 @@ PreRunPodSandbox       pod cgroup: ``memory.min``, pod cgroup: ``memory.soft_lim
 (pod resources given)  ``memory.low``,             (``v1_soft_limit``), ``memory.wmark_*``
                        ``memory.high``,
                        ``memory.wmark_*``
-PreCreateContainer     BE: ``oom_score_adj`` 1000 in the response, only if that raises it (both)
+PreCreateContainer     BE: ``oom_score_adj`` 1000 in the response, only if that raises it (both);
+                       with ``pod_oom_score_adj``, the pod's Koordinator annotation instead
 PostStartContainer     container cgroup: as the    container cgroup: as the pod's
                        pod's
 reconcile              the same values for every pod (resources known) and every container given;
                        only files whose content differs are written; returns how many were
 =====================  ==========================  =================================================
+
+With ``batch_memory_limit`` (BE by default) it also limits the pod cgroup at PreRunPodSandbox
+and each container through the CRI answer at PreCreateContainer / PreUpdateContainerResources
+to their ``kubernetes.io/batch-memory`` limits, only ever tightening a limit, and reconciles
+both (:mod:`.batch_memory`). The annotation is read by :mod:`..extended_resources`.
 
 Reconcile is what makes a policy change reach running containers, and sets back what someone
 else wrote. The plugin keeps no state: every value follows from the pod, container and policy.
@@ -50,7 +56,12 @@ From the class's ``memory`` policy entry (:class:`MemorySettings`), with ``reque
 **OOM order.** kubelet gives a BestEffort container oom_score_adj 1000 and a Burstable one
 2..999 by its memory request; a pod labelled BE may be either. At PreCreateContainer a BE
 container whose oom_score_adj is below 1000 gets 1000 through the response; a value is only
-ever raised, never lowered, and other classes are left to kubelet.
+ever raised, never lowered, and other classes are left to kubelet. With ``pod_oom_score_adj``
+(off by default) a container's value from ``koordinator.sh/oom-score-adj-spec`` /
+``koordinator.sh/oom-score-adj`` (:mod:`.oom_score`) takes the place of both rules, for every
+class, as koordlet's oomscoreadj hook does; it is set at creation only (koordlet also rewrites
+``/proc/<pid>/oom_score_adj`` from its reconciler; ours does not). A value of 0 cannot be asked
+for (0 means "unset" in the CRI answer): it is logged and kubelet's value stays.
 
 Where request and limit come from
 ---------------------------------
@@ -82,27 +93,30 @@ read nothing from the node, for ``explain`` and tests.
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from ..cgroups import CgroupError, CgroupFS, CgroupUnsupported, CgroupVersion
+from ..extended_resources import (
+    BATCH_MEMORY,
+    EXTENDED_RESOURCE_SPEC_ANNOTATION,
+    ExtendedResourceSpec,
+    read_extended_resource_spec,
+)
 from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, Resources, qos_of
-from ..settings import choice, integer, parsed_by, percent
+from ..settings import boolean, choice, integer, parsed_by, percent
+from . import batch_memory
+from .oom_score import oom_score_adj_for
+from .cpu import ensure_pod_cgroup
 
 __all__ = [
-    "BATCH_MEMORY",
     "BE_OOM_SCORE_ADJ",
-    "EXTENDED_RESOURCE_SPEC",
     "PAGE_SIZE",
-    "ContainerSpec",
     "MemoryInputs",
     "MemoryPlan",
     "MemorySettings",
@@ -111,9 +125,7 @@ __all__ = [
     "apply_plan",
     "container_inputs",
     "container_plan",
-    "extended_resource_spec",
     "oom_score_adj",
-    "parse_quantity",
     "plugin",
     "pod_inputs",
     "pod_plan",
@@ -134,6 +146,11 @@ class MemorySettings:
     ``throttling_percent`` / 100 (0 = off, "max"). ``wmark_ratio``, ``wmark_scale_permill``,
     ``wmark_min_adj``: Anolis OS memcg async reclaim, written only where the files exist.
     ``v1_soft_limit`` (cgroup v1): memory.soft_limit_in_bytes "unset", "request" or "zero".
+    ``batch_memory_limit``: limit the pod and its containers to their kubernetes.io/batch-memory
+    limits (:mod:`.batch_memory`; Koordinator's batchresource hook, for BE).
+    ``pod_oom_score_adj``: take a container's oom_score_adj from Koordinator's
+    ``koordinator.sh/oom-score-adj(-spec)`` annotations (:mod:`.oom_score`; off for every
+    class, as koordlet's OOMScoreAdj gate is by default: a pod could lower its own score).
     """
 
     min_percent: int = field(metadata=parsed_by(percent))
@@ -143,6 +160,8 @@ class MemorySettings:
     wmark_scale_permill: int = field(metadata=parsed_by(integer(1, 1000, "a per-mille value")))
     wmark_min_adj: int = field(metadata=parsed_by(integer(-25, 50)))
     v1_soft_limit: V1SoftLimit = field(metadata=parsed_by(choice("unset", "request", "zero")))
+    batch_memory_limit: bool = field(metadata=parsed_by(boolean))
+    pod_oom_score_adj: bool = field(metadata=parsed_by(boolean))
 
     def problems(self) -> Iterator[tuple[str, str]]:
         if self.low_percent and self.low_percent < self.min_percent:
@@ -157,118 +176,23 @@ plugin = Plugin(
     order=50,
     failure_policy="ignore",
     timeout=2.0,
-    description="memory.min/low/high (v2) or soft limit (v1) per QoS class; BE containers OOM-killed first",
+    description=(
+        "memory.min/low/high (v2) or soft limit (v1) per QoS class; BE memory limits from batch-memory; "
+        "BE containers OOM-killed first"
+    ),
     settings=MemorySettings,
     defaults=builtin_defaults("memory"),
     needs=("cgroups",),
 )
 
-#: Koordinator's annotation with a pod's extended-resource requests and limits, per container.
-EXTENDED_RESOURCE_SPEC: Final = "node.koordinator.sh/extended-resource-spec"
-#: Koordinator's batch memory resource: what a BE container requests instead of "memory".
-BATCH_MEMORY: Final = "kubernetes.io/batch-memory"
 #: kubelet's oom_score_adj for BestEffort containers, the highest there is.
 BE_OOM_SCORE_ADJ: Final = 1000
 #: The kernel keeps memory.min/low/high in whole pages.
 PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 
-_INT64_MAX: Final = (1 << 63) - 1
 _V2_FILES: Final = ("memory.min", "memory.low", "memory.high")
 _V1_FILE: Final = "memory.soft_limit_in_bytes"
 Level = Literal["pod", "container"]
-
-# --- quantities and the annotation (pure) -------------------------------------------------------
-
-_QUANTITY = re.compile(
-    r"\+?(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?",
-    re.ASCII,
-)
-_BINARY: Final = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
-_DECIMAL_EXP: Final = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
-
-
-def parse_quantity(value: object) -> int:
-    """A Kubernetes resource quantity (``"4Gi"``, ``"512M"``, ``"1e9"``, ``1073741824``) in whole
-    units, rounded up as ``Quantity.Value()`` does. ValueError for anything else or a negative."""
-    if isinstance(value, bool):
-        raise ValueError(f"invalid quantity {value!r}")
-    if isinstance(value, int):
-        number, scale = Fraction(value), Fraction(1)
-    elif isinstance(value, str):
-        match = _QUANTITY.fullmatch(value.strip())
-        if match is None:
-            raise ValueError(f"invalid quantity {value!r}")
-        number = Fraction(match["number"])
-        suffix = match["suffix"] or ""
-        if suffix in _BINARY:
-            scale = Fraction(_BINARY[suffix])
-        elif suffix in _DECIMAL_EXP:
-            scale = Fraction(10) ** _DECIMAL_EXP[suffix]
-        else:
-            exponent = int(suffix[1:])
-            if abs(exponent) > 30:
-                raise ValueError(f"quantity {value!r} is out of range")
-            scale = Fraction(10) ** exponent
-    else:
-        raise ValueError(f"invalid quantity {value!r}")
-    units = -(-(number * scale).numerator // (number * scale).denominator)
-    if units < 0:
-        raise ValueError(f"quantity must not be negative, got {value!r}")
-    if units > _INT64_MAX:
-        raise ValueError(f"quantity {value!r} is out of range")
-    return units
-
-
-@dataclass(frozen=True)
-class ContainerSpec:
-    """One container's entry of the extended-resource-spec annotation (resource name -> units)."""
-
-    requests: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    limits: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-
-
-def _resource_list(value: object, where: str) -> Mapping[str, int]:
-    if value is None:
-        return MappingProxyType({})
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} is not a mapping")
-    parsed = {}
-    for name, quantity in value.items():
-        try:
-            parsed[str(name)] = parse_quantity(quantity)
-        except ValueError as exc:
-            raise ValueError(f"{where}.{name}: {exc}") from None
-    return MappingProxyType(parsed)
-
-
-def extended_resource_spec(annotations: Mapping[str, str]) -> tuple[Mapping[str, ContainerSpec], str]:
-    """The containers of the pod's ``node.koordinator.sh/extended-resource-spec`` annotation, and a
-    problem ("" when none): an absent annotation gives no containers; an unreadable one no
-    containers and the reason."""
-    text = annotations.get(EXTENDED_RESOURCE_SPEC)
-    if text is None:
-        return MappingProxyType({}), ""
-    try:
-        raw = json.loads(text)
-        if not isinstance(raw, dict):
-            raise ValueError("not a JSON object")
-        containers = raw.get("containers")
-        if containers is None:
-            containers = {}
-        if not isinstance(containers, dict):
-            raise ValueError("containers is not a mapping")
-        spec: dict[str, ContainerSpec] = {}
-        for name, entry in containers.items():
-            if not isinstance(entry, dict):
-                raise ValueError(f"containers.{name} is not a mapping")
-            spec[str(name)] = ContainerSpec(
-                requests=_resource_list(entry.get("requests"), f"containers.{name}.requests"),
-                limits=_resource_list(entry.get("limits"), f"containers.{name}.limits"),
-            )
-    except (ValueError, RecursionError) as exc:  # json.JSONDecodeError is a ValueError
-        return MappingProxyType({}), f"annotation {EXTENDED_RESOURCE_SPEC} ignored: {exc}"
-    return MappingProxyType(spec), ""
-
 
 # --- inputs (pure) ------------------------------------------------------------------------------
 
@@ -305,24 +229,29 @@ def _finish(request: tuple[int | None, str], limit: tuple[int | None, str], note
     return MemoryInputs(req, lim, req_source, lim_source, tuple(notes))
 
 
+def _spec(pod: PodInfo) -> tuple[ExtendedResourceSpec, list[str]]:
+    """The pod's extended-resource spec (empty when absent or ignored) and notes on it."""
+    spec, problem = read_extended_resource_spec(pod.annotations)
+    notes = [problem] if problem else []
+    if spec is None:
+        return ExtendedResourceSpec(), notes
+    return spec, notes + list(spec.notes)
+
+
 def container_inputs(qos: QoSClass, pod: PodInfo, container: ContainerInfo) -> MemoryInputs:
     """The container's memory request and limit, from the sources in the module doc."""
-    spec, problem = extended_resource_spec(pod.annotations)
-    notes = [problem] if problem else []
+    spec, notes = _spec(pod)
     name = _resource_name(qos)
-    entry = spec.get(container.name)
+    entry = spec.container(container.name)
     request: tuple[int | None, str] = (None, "unknown")
-    if entry is not None and name in entry.requests:
-        request = (entry.requests[name], f"{EXTENDED_RESOURCE_SPEC} requests[{name}]")
+    if entry is not None and (value := entry.request(name)) is not None:
+        request = (value, f"{EXTENDED_RESOURCE_SPEC_ANNOTATION} requests[{name}]")
     elif (unified := _unified_request(container.resources)) is not None:
         request = (unified, "unified memory.min (kubelet MemoryQoS)")
     cri = container.resources.memory_limit_in_bytes if container.resources is not None else 0
     from_cri = (cri, "CRI memory_limit_in_bytes") if cri > 0 else None
-    from_spec = (
-        (entry.limits[name], f"{EXTENDED_RESOURCE_SPEC} limits[{name}]")
-        if entry is not None and entry.limits.get(name, 0) > 0
-        else None
-    )
+    limit_value = entry.limit(name) if entry is not None else None
+    from_spec = (limit_value, f"{EXTENDED_RESOURCE_SPEC_ANNOTATION} limits[{name}]") if limit_value else None
     first, second = (from_spec, from_cri) if qos is QoSClass.BE else (from_cri, from_spec)
     limit: tuple[int | None, str] = first or second or (None, "none")
     return _finish(request, limit, notes)
@@ -330,19 +259,17 @@ def container_inputs(qos: QoSClass, pod: PodInfo, container: ContainerInfo) -> M
 
 def pod_inputs(qos: QoSClass, pod: PodInfo) -> MemoryInputs:
     """The pod's total memory request and limit (sums over the annotation's containers)."""
-    spec, problem = extended_resource_spec(pod.annotations)
-    notes = [problem] if problem else []
+    spec, notes = _spec(pod)
     name = _resource_name(qos)
     request: tuple[int | None, str] = (None, "unknown")
-    requested = [entry.requests[name] for entry in spec.values() if name in entry.requests]
-    if requested:
-        request = (sum(requested), f"{EXTENDED_RESOURCE_SPEC} requests[{name}], summed")
+    if (requested := spec.pod_request(name)) is not None:
+        request = (requested, f"{EXTENDED_RESOURCE_SPEC_ANNOTATION} requests[{name}], summed")
     elif (unified := _unified_request(pod.resources)) is not None:
         request = (unified, "unified memory.min (kubelet MemoryQoS)")
     cri = pod.resources.memory_limit_in_bytes if pod.resources is not None else 0
     from_cri = (cri, "pod resources memory_limit_in_bytes") if cri > 0 else None
-    limits = [entry.limits.get(name, 0) for entry in spec.values()]
-    from_spec = (sum(limits), f"{EXTENDED_RESOURCE_SPEC} limits[{name}], summed") if limits and all(limits) else None
+    total = spec.pod_limit(name)
+    from_spec = (total, f"{EXTENDED_RESOURCE_SPEC_ANNOTATION} limits[{name}], summed") if total else None
     first, second = (from_spec, from_cri) if qos is QoSClass.BE else (from_cri, from_spec)
     limit: tuple[int | None, str] = first or second or (None, "none")
     return _finish(request, limit, notes)
@@ -589,6 +516,33 @@ def _apply(
 # --- handlers -----------------------------------------------------------------------------------
 
 
+def _pod_limit(cgroups: CgroupFS, pod: PodInfo, log: Any, *, create: bool, dry_run: bool = False) -> int:
+    """Bring the pod cgroup's memory limit to its batch-memory plan; 1 if written, else 0."""
+    plan = batch_memory.pod_limit_plan(pod)
+    if plan.limit is None:
+        return 0
+    if create:
+        ensure_pod_cgroup(cgroups, pod.cgroup_parent, log, dry_run=dry_run, controller="memory")
+    return _write_limit(cgroups, plan, pod.cgroup_parent, None, log)
+
+
+def _write_limit(
+    cgroups: CgroupFS, plan: batch_memory.LimitPlan, parent: str, container_id: str | None, log: Any
+) -> int:
+    try:
+        written = batch_memory.apply_limit(cgroups, plan, parent, container_id, log)
+    except FileNotFoundError:
+        log.debug("no memory cgroup for the batch-memory limit", level=plan.level)
+        return 0
+    except (OSError, CgroupError) as exc:  # v1 EBUSY: usage above the limit and not reclaimable
+        log.warning("batch-memory limit not written", level=plan.level, limit=plan.limit, error=str(exc))
+        return 0
+    if written is None:
+        return 0
+    log.info("batch-memory limit written", level=plan.level, limit=written, notes=list(plan.notes))
+    return 1
+
+
 @plugin.on(HookPoint.PRE_RUN_POD_SANDBOX)
 async def pod_memory(
     *,
@@ -597,23 +551,58 @@ async def pod_memory(
     settings: MemorySettings,
     cgroups: CgroupFS,
     log: Any,
+    dry_run: bool = False,
     **kwargs: Any,
 ) -> None:
-    if pod.resources is None or not pod.cgroup_parent:
+    if not pod.cgroup_parent:
         return
     try:
-        plan = pod_plan(qos, settings, pod, cgroups.version)
-        _apply(cgroups, plan, pod.cgroup_parent, None, log)
+        if settings.batch_memory_limit:
+            _pod_limit(cgroups, pod, log, create=True, dry_run=dry_run)
+        if pod.resources is not None:
+            _apply(cgroups, pod_plan(qos, settings, pod, cgroups.version), pod.cgroup_parent, None, log)
     except CgroupError as exc:  # not a cgroup mount, or a parent we refuse to touch
         log.warning("pod memory settings not written", error=str(exc))
 
 
-@plugin.on(HookPoint.PRE_CREATE_CONTAINER)
-async def container_oom(*, container: ContainerInfo, qos: QoSClass, response: HookResponse, **kwargs: Any) -> None:
-    current = container.resources.oom_score_adj if container.resources is not None else 0
-    target = oom_score_adj(qos, current)
-    if target is not None:
-        response.resources.oom_score_adj = target
+@plugin.on(HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+async def container_resources(
+    *,
+    hook: HookPoint,
+    pod: PodInfo,
+    container: ContainerInfo,
+    qos: QoSClass,
+    settings: MemorySettings,
+    response: HookResponse,
+    log: Any,
+    **kwargs: Any,
+) -> None:
+    """The batch-memory limit (when tighter than kubelet's) and, at creation, the oom_score_adj."""
+    if settings.batch_memory_limit:
+        plan = batch_memory.container_limit_plan(pod, container)
+        if batch_memory.set_response_limit(plan, container, response.resources):
+            log.debug("batch-memory limit set", limit=plan.limit)
+    if hook is HookPoint.PRE_CREATE_CONTAINER:
+        current = container.resources.oom_score_adj if container.resources is not None else 0
+        target = _container_oom_score_adj(qos, settings, pod, container, current, log)
+        if target is not None:
+            response.resources.oom_score_adj = target
+
+
+def _container_oom_score_adj(
+    qos: QoSClass, settings: MemorySettings, pod: PodInfo, container: ContainerInfo, current: int, log: Any
+) -> int | None:
+    """The oom_score_adj to answer (None: leave kubelet's): the pod's annotation when the class
+    takes it and it asks for a value, else BE's rule."""
+    if settings.pod_oom_score_adj:
+        wanted, problem = oom_score_adj_for(pod.annotations, container.name)
+        if problem:
+            log.warning("oom_score_adj annotation not used", reason=problem)
+        elif wanted == 0 and current != 0:
+            log.warning("oom_score_adj 0 cannot be set through the CRI answer (0 means unset)", kept=current)
+        elif wanted is not None:
+            return wanted if wanted != current else None
+    return oom_score_adj(qos, current)
 
 
 @plugin.on(HookPoint.POST_START_CONTAINER)
@@ -636,6 +625,27 @@ async def container_memory(
         log.warning("container memory settings not written", error=str(exc))
 
 
+def _reconcile_pod(
+    cgroups: CgroupFS, pod: PodInfo, policy: MemorySettings, containers: Sequence[ContainerInfo], log: Any
+) -> int:
+    qos = qos_of(pod).qos_class
+    repaired = 0
+    if policy.batch_memory_limit:
+        repaired += _pod_limit(cgroups, pod, log, create=False)
+    if pod.resources is not None:
+        plan = pod_plan(qos, policy, pod, cgroups.version)
+        repaired += len(_apply(cgroups, plan, pod.cgroup_parent, None, log, only_drifted=True))
+    for container in containers:
+        if not container.id:
+            continue
+        if policy.batch_memory_limit:
+            limit = batch_memory.container_limit_plan(pod, container)
+            repaired += _write_limit(cgroups, limit, pod.cgroup_parent, container.id, log)
+        plan = container_plan(qos, policy, pod, container, cgroups.version)
+        repaired += len(_apply(cgroups, plan, pod.cgroup_parent, container.id, log, only_drifted=True))
+    return repaired
+
+
 @plugin.reconcile
 async def reconcile(
     *,
@@ -646,23 +656,16 @@ async def reconcile(
     containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
     **kwargs: Any,
 ) -> int:
-    """Set back what drifted from the current policy: each pod's cgroup (when its resources are
-    known) and its containers' (``containers``, by sandbox id). Returns the files rewritten."""
+    """Set back what drifted from the current policy: each pod's cgroup (its batch-memory limit;
+    the protection when its resources are known) and its containers' (``containers``, by
+    sandbox id). Returns the files rewritten."""
     repaired = 0
     for pod in pods:
         if not pod.cgroup_parent:
             continue
-        qos = qos_of(pod).qos_class
-        policy = settings_for(qos)
         try:
-            if pod.resources is not None:
-                plan = pod_plan(qos, policy, pod, cgroups.version)
-                repaired += len(_apply(cgroups, plan, pod.cgroup_parent, None, log, only_drifted=True))
-            for container in (containers or {}).get(pod.sandbox_id, ()):
-                if container.id:
-                    plan = container_plan(qos, policy, pod, container, cgroups.version)
-                    written = _apply(cgroups, plan, pod.cgroup_parent, container.id, log, only_drifted=True)
-                    repaired += len(written)
+            policy = settings_for(qos_of(pod).qos_class)
+            repaired += _reconcile_pod(cgroups, pod, policy, (containers or {}).get(pod.sandbox_id, ()), log)
         except CgroupError as exc:
             log.warning("memory settings not reconciled", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
     if repaired:

@@ -95,8 +95,8 @@ __all__ = [
     "GROUP_PREFIX",
     "LAYOUTS",
     "GroupPlan",
-    "ReconcileReport",
     "ResctrlPlan",
+    "ResctrlReconcileReport",
     "ResctrlSettings",
     "ResctrlState",
     "cgroup_threads",
@@ -329,7 +329,7 @@ def cgroup_threads(cgroups: CgroupFS, parent: str, container_id: str | None = No
 
 
 @dataclass
-class ReconcileReport:
+class ResctrlReconcileReport:
     """What one reconcile did."""
 
     schemata_repaired: list[str] = field(default_factory=list)
@@ -589,9 +589,9 @@ def reconcile_pods(
     settings_for: SettingsFor,
     state: ResctrlState,
     log: Any,
-) -> ReconcileReport:
+) -> ResctrlReconcileReport:
     """One reconcile round (see the module doc), with what it did."""
-    report = ReconcileReport()
+    report = ResctrlReconcileReport()
     controller = state.ensure(resctrl, settings_for, log)
     if controller is None:
         return report

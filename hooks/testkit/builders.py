@@ -30,9 +30,12 @@ from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint, parse_hook_poi
 
 from .. import policy as policy_mod
 from ..cgroups import CgroupDriver, CgroupFS, CgroupVersion, parent_path
+from ..definition import Plugin
+from ..discovery import settings_specs
 from ..qos import KOORDINATOR_QOS_LABEL, QoSClass
 from ..resctrl import ResctrlFS
-from ..sdk import ContainerInfo, Plugin, PluginRunner, PodInfo, Resources, RunResult, ServerContext, settings_specs
+from ..runner import PluginRunner, RunResult
+from ..views import ContainerInfo, PodInfo, Resources, ServerContext
 from .cgroups import FakeCgroup, KubeQoS, Runtime
 from .resctrl import FakeResctrl
 

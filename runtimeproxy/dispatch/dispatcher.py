@@ -10,19 +10,18 @@ timeout, cut to the time left on kubelet's deadline. Outcomes:
   with an error naming server and hook; under Ignore it is logged and counted;
   post-hooks never fail a call (containerd has already carried it out).
 
-Hook servers are called over grpc.aio, imported only once a hook server registers: a proxy
-without hook servers never loads grpc (about 9 MiB and six threads).
+Hook servers are called over the proxy's own HTTP/2 client (runtimeproxy.h2client), one
+connection per endpoint, on the event loop: the daemon never loads grpc (about 9 MiB and six
+threads), and a call wakes no other thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -32,12 +31,9 @@ from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 from runtimeproxy.dispatch.limits import cut
 from runtimeproxy.dispatch.protocol import InvalidHookOutput
 from runtimeproxy.dispatch.registry import FailurePolicy, HookRegistry, HookServer
-from runtimeproxy.h2client import details_of, status_of
+from runtimeproxy.h2client import H2Channel, RpcError
 from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.relay.grpc_wire import StatusCode
-
-if TYPE_CHECKING:
-    import grpc.aio
 
 log = structlog.get_logger("runtimeproxy.hooks")
 
@@ -118,7 +114,7 @@ class Dispatcher:
         self.registry = registry
         self.metrics = metrics
         self.max_message_size = max_message_size
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[str, H2Channel] = {}
         # Per endpoint, the longest timeout of the servers using it: how long calls still in
         # flight may take once its server unregistered.
         self._call_grace: dict[str, float] = {}
@@ -177,52 +173,36 @@ class Dispatcher:
 
         if timeout < MIN_CALL_SECONDS:
             return done("timeout", "no time left before the caller's deadline")
-        aio = _grpc_aio()
-        method = self._channel(server).unary_unary(
-            SERVICE + point.rpc,
-            request_serializer=_serialize,
-            response_deserializer=RESPONSE_TYPES[point.kind].FromString,
-        )
+        response_type = RESPONSE_TYPES[point.kind]
         try:
-            response = await method(request, timeout=timeout)
-        except aio.AioRpcError as exc:
+            answer = await self._channel(server).unary(SERVICE + point.rpc, _serialize(request), timeout)
+        except RpcError as exc:
             return _rpc_failure(exc, done, timeout)
-        except Exception as exc:  # an undecodable response, mostly
+        except Exception as exc:  # not expected; fails closed like any invalid answer
             return done("invalid", f"{type(exc).__name__}: {exc}")
-        if not isinstance(response, RESPONSE_TYPES[point.kind]):
-            # grpc.aio hands back None when the response deserializer fails.
-            return done("invalid", f"response does not decode as {RESPONSE_TYPES[point.kind].DESCRIPTOR.name}")
+        try:
+            response = response_type.FromString(answer)
+        except Exception:  # DecodeError: not protobuf, or e.g. a string field that is not UTF-8
+            return done("invalid", f"response does not decode as {response_type.DESCRIPTOR.name}")
         try:
             return done("ok", changes=apply_response(response))
         except InvalidHookOutput as exc:
             return done("invalid", str(exc))
 
-    def _channel(self, server: HookServer) -> grpc.aio.Channel:
+    def _channel(self, server: HookServer) -> H2Channel:
         grace = self._call_grace.get(server.endpoint, 0.0)
         self._call_grace[server.endpoint] = max(grace, server.timeout)
         channel = self._channels.get(server.endpoint)
         if channel is None:
-            channel = _grpc_aio().insecure_channel(
-                "unix://" + server.endpoint,
-                options=[
-                    # The relay's limit both ways: a request it accepted must reach the hook server.
-                    ("grpc.max_send_message_length", self.max_message_size),
-                    ("grpc.max_receive_message_length", self.max_message_size),
-                    ("grpc.enable_retries", 0),
-                    # A hook server that comes back must be used again within a second,
-                    # not after gRPC's default backoff of up to two minutes.
-                    ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", 1000),
-                ],
-            )
+            # The relay's limit both ways: a request it accepted must reach the hook server.
+            # No retries, no backoff: a call fails at once while the server is down, and the
+            # next call connects again, so a server that comes back is used at once.
+            channel = H2Channel(server.endpoint, max_message_size=self.max_message_size)
             self._channels[server.endpoint] = channel
         return channel
 
     def _servers_changed(self, servers: list[HookServer]) -> None:
         """Close channels of endpoints no registered server uses any more."""
-        if servers:
-            _grpc_aio()  # loaded now rather than during the first hook call
         wanted = {server.endpoint for server in servers}
         for endpoint in [e for e in self._channels if e not in wanted]:
             channel = self._channels.pop(endpoint)
@@ -234,25 +214,20 @@ class Dispatcher:
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
-            await channel.close(None)
-
-
-def _grpc_aio() -> ModuleType:
-    """grpc.aio, imported on first use (see the module's docstring)."""
-    return importlib.import_module("grpc.aio")
+            await channel.close()
 
 
 def _serialize(message: Any) -> bytes:
     return bytes(message.SerializeToString())
 
 
-def _rpc_failure(exc: Exception, done: Callable[..., HookOutcome], timeout: float) -> HookOutcome:
-    code = StatusCode(status_of(exc) or StatusCode.UNKNOWN)
+def _rpc_failure(exc: RpcError, done: Callable[..., HookOutcome], timeout: float) -> HookOutcome:
+    code = exc.code()
     if code == StatusCode.UNIMPLEMENTED:
         return done("unimplemented")
     if code == StatusCode.DEADLINE_EXCEEDED:
         return done("timeout", f"no answer within {timeout:.3f} s")
-    return done("failed", f"{code.name}: {cut(details_of(exc), quote=False)}")  # the server's text, bounded
+    return done("failed", f"{code.name}: {cut(exc.details(), quote=False)}")  # the server's text, bounded
 
 
 def _status_for(result: HookOutcome) -> StatusCode:

@@ -84,10 +84,10 @@ class HookInterceptor:
         name = call.method.name
         message = _decode(call, request)
         if trace.ON:
-            trace.event("proxy.held", call=id(call), method=name)
+            trace.event("proxy.held", call=call.serial, method=name)
         keys = await self.sequencer.acquire(_keys(name, message))
         if trace.ON:
-            trace.event("proxy.keys", call=id(call), method=name, keys=keys)
+            trace.event("proxy.keys", call=call.serial, method=name, keys=keys)
         try:
             return await self._pre_hooks(call, name, message, request, keys)
         except HookFailed as failed:
@@ -236,7 +236,7 @@ class HookInterceptor:
         self.sequencer.release(state.keys)
         if trace.ON:
             uid = state.frame.pod.config.metadata.uid if state.frame.pod is not None else ""
-            trace.event("proxy.released", call=id(call), method=call.method.name, uid=uid, code=code)
+            trace.event("proxy.released", call=call.serial, method=call.method.name, uid=uid, code=code)
         _log_call(call.method.name, state, code, message, failed)
 
     # -- views and store ---------------------------------------------------------------------

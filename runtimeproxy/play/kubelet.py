@@ -69,10 +69,6 @@ __all__ = [
     "pod_sandbox_labels",
 ]
 
-# The old name, for hooks/explain.py until it imports KubeQoSClass from runtimeproxy.play.qos;
-# not public: remove it with that import.
-QOSClass = KubeQoSClass
-
 POD_NAME_LABEL = "io.kubernetes.pod.name"
 POD_NAMESPACE_LABEL = "io.kubernetes.pod.namespace"
 POD_UID_LABEL = "io.kubernetes.pod.uid"

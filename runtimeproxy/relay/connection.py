@@ -546,7 +546,7 @@ class RelayConnection:
             stream.request = request
             stream.after_due = True
             if trace.ON:
-                trace.event("proxy.sent", call=id(stream.call))
+                trace.event("proxy.sent", call=stream.call.serial)
             self._send_request(stream, grpc_wire.encode_message(request))
 
     def _send_request(self, stream: Stream, body: bytes) -> None:
@@ -667,7 +667,7 @@ class RelayConnection:
                 response = messages[0].body
         outcome = CallOutcome(code=code, message=message, response=response)
         if trace.ON:
-            trace.event("proxy.answered", call=id(stream.call), code=code)
+            trace.event("proxy.answered", call=stream.call.serial, code=code)
         coro = self.options.interceptor.after(stream.call, stream.request, outcome)
         task = asyncio.get_running_loop().create_task(_guarded(coro, stream.method.path))
         self.options.after_tasks.add(task)

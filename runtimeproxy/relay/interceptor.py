@@ -8,6 +8,7 @@ response to ``after``. The relay itself never applies policy.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,6 +22,8 @@ class CallContext:
     metadata: list[tuple[str, str]] = field(default_factory=list)
     # Absolute deadline on the event loop's clock, from grpc-timeout; None when unset.
     deadline: float | None = None
+    # Unique for the process's life (trace events name calls by it: an id() is reused).
+    serial: int = field(default_factory=itertools.count(1).__next__)
 
     @property
     def encoding(self) -> str:

@@ -3,8 +3,8 @@
 containerd (1.6 and 1.7 checked) stores label, annotation and other string values that
 are not UTF-8 (it does not check a RunPodSandbox / CreateContainer from another client),
 and Python's protobuf refuses a whole message holding one - a List response because of one
-bad item (grpc.aio then yields None). The loader therefore decodes its responses itself
-(`Undecodable` instead of None): a List that fails as a whole is decoded item by item
+bad item. The loader therefore decodes its responses leniently (`Undecodable`, the bytes
+and the error, instead of a message): a List that fails as a whole is decoded item by item
 (`first_field`), so only the bad objects are skipped; a Status that fails makes its object
 unreadable. Each such object is logged once (`UnreadableObjects`, not again on later loads
 or rounds) and counted. For the hook layer an unreadable object is not an unknown one:

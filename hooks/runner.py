@@ -1,0 +1,597 @@
+"""Running plugins: :class:`PluginRunner` calls the enabled plugins' handlers in (order, name)
+order with their timeouts (``async def`` on the loop, ``def`` in a thread of its own), merges
+their responses, applies each plugin's failure policy, and counts every call (PluginMetrics)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import enum
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from runtimeproxy import trace
+from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.metrics import DURATION_BUCKETS
+
+from . import policy as policy_mod
+from .changes import HookResponse
+from .convert import qos_of
+from .definition import FailurePolicy, Handler, Plugin
+from .overwrites import FieldOwners, Overwrite
+from .podview import plugin_view
+from .qos import QoSClass, QoSResolution
+from .settings import SectionSettings
+from .views import ContainerInfo, PodInfo, ServerContext
+
+__all__ = [
+    "HookCallFailed",
+    "Outcome",
+    "PluginFailure",
+    "PluginMetrics",
+    "PluginRunner",
+    "ReconcileReport",
+    "RunResult",
+]
+
+log = structlog.get_logger("runtimeproxy.hooks.sdk")
+_plugin_log = structlog.get_logger("runtimeproxy.hooks.plugin")
+
+Outcome = Literal["ok", "error", "timeout", "invalid", "busy"]
+# What running one handler gave: outcome, reason ("" when ok) and its return value (None unless ok).
+_Called = tuple[Outcome, str, Any]
+
+
+class PluginMetrics:
+    """Per plugin and hook point: calls by outcome, and their duration."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = CollectorRegistry(auto_describe=True) if registry is None else registry
+        self.registry = reg
+        self.calls = Counter(
+            "runtimeproxy_hooks_plugin_calls",
+            "Plugin handler calls, by plugin, hook point (or start/stop/reconcile) and outcome "
+            "(ok, error, timeout, invalid, busy).",
+            ["plugin", "hook", "outcome"],
+            registry=reg,
+        )
+        self.duration = Histogram(
+            "runtimeproxy_hooks_plugin_call_duration_seconds",
+            "Time a plugin handler took (up to its timeout), by plugin and hook point.",
+            ["plugin", "hook"],
+            buckets=DURATION_BUCKETS,
+            registry=reg,
+        )
+        self.overwrites = Counter(
+            "runtimeproxy_hooks_plugin_overwrites",
+            "Values one plugin set that a later plugin replaced in the same hook call, by field "
+            "(a map's name for its entries: annotations, labels, env, resources.unified).",
+            ["field"],
+            registry=reg,
+        )
+
+    def record(self, plugin: str, hook: str, outcome: Outcome, seconds: float) -> None:
+        self.calls.labels(plugin=plugin, hook=hook, outcome=outcome).inc()
+        self.duration.labels(plugin=plugin, hook=hook).observe(seconds)
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    plugin: str
+    hook: str
+    outcome: Outcome
+    reason: str
+    failure_policy: FailurePolicy
+
+
+@dataclass
+class RunResult:
+    """A hook call's merged response, the plugins whose changes it holds, the ignored failures
+    and the plugins not called."""
+
+    response: HookResponse
+    applied: list[str] = field(default_factory=list)
+    failures: list[PluginFailure] = field(default_factory=list)
+    #: Plugins not called for this pod, and why (PluginRunner.skip_reason).
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ReconcileReport:
+    """One reconcile round: per plugin that ran, how many drifted values it set back (its
+    handler's return value), and the failures (logged and counted, never raised)."""
+
+    repaired: dict[str, int] = field(default_factory=dict)
+    failures: list[PluginFailure] = field(default_factory=list)
+
+
+class HookCallFailed(Exception):
+    """A plugin with failure_policy "fail" failed: the hook call fails."""
+
+    def __init__(self, failure: PluginFailure) -> None:
+        self.failure = failure
+        super().__init__(f"plugin {failure.plugin} failed at {failure.hook}: {failure.reason}")
+
+
+@dataclass
+class _SyncCall:
+    """One sync handler call on its thread; guarded by the runner's lock."""
+
+    finished: bool = False
+    hung: bool = False
+
+
+class _Stage(enum.Enum):
+    START = "start"
+    STOP = "stop"
+    RECONCILE = "reconcile"
+
+
+class PluginRunner:
+    """Runs the enabled plugins' handlers: see the module doc for order, timeouts and failures.
+
+    ``enable``: only these plugins (None: all); ``disable``: not these. Enabling a plugin
+    that is not there is an error (ValueError naming the available ones); disabling one
+    is only logged. A sync handler that is still running after its timeout keeps its worker
+    thread (Python cannot stop a thread); a plugin with ``max_hung`` such calls still
+    running is not called again until one ends (outcome "busy").
+    """
+
+    def __init__(
+        self,
+        plugins: Iterable[Plugin],
+        *,
+        enable: Iterable[str] | None = None,
+        disable: Iterable[str] = (),
+        context: ServerContext | None = None,
+        registry: CollectorRegistry | None = None,
+        metrics: PluginMetrics | None = None,
+        max_hung: int = 4,
+    ) -> None:
+        available: dict[str, Plugin] = {}
+        for plugin in plugins:
+            if plugin.name in available:
+                raise ValueError(f"two plugins are named {plugin.name!r}")
+            available[plugin.name] = plugin
+        wanted = set(available) if enable is None else set(enable)
+        unknown = sorted(wanted - set(available))
+        if unknown:
+            known = ", ".join(sorted(available)) or "none"
+            raise ValueError(f"cannot enable {', '.join(unknown)}: no such plugin (available: {known})")
+        disabled = set(disable)
+        for name in sorted(disabled - set(available)):
+            log.warning("disabled plugin is not installed", plugin=name)
+        self.available: Mapping[str, Plugin] = MappingProxyType(available)
+        self.context = context if context is not None else ServerContext()
+        self.metrics = metrics if metrics is not None else PluginMetrics(registry)
+        self._max_hung = max_hung
+        self._closed = False
+        self._running_sync: dict[str, int] = {}  # per plugin: sync calls past their timeout, still running
+        self._lock = threading.Lock()
+        self._orphans: set[asyncio.Future[Any]] = set()
+        self._odd_returns: set[str] = set()  # plugins warned about their reconcile return value
+        self._states: dict[str, Any] = {}  # per plugin: what its state factory made, once
+        self._state_failures: list[PluginFailure] = []
+        enabled = [available[name] for name in wanted - disabled]
+        self._set_enabled(plugin for plugin in enabled if self._make_state(plugin))
+
+    def _make_state(self, plugin: Plugin) -> bool:
+        """Call the plugin's state factory (once, for this runner); False (logged, kept for
+        ``start``) when it raised: the plugin cannot run without its state."""
+        if plugin.state_factory is None:
+            self._states[plugin.name] = None
+            return True
+        try:
+            self._states[plugin.name] = plugin.state_factory()
+        except Exception as exc:  # a plugin's factory may do anything; it must not stop the others
+            failure = PluginFailure(
+                plugin.name, _Stage.START.value, "error", f"state factory: {_reason(exc)}", plugin.failure_policy
+            )
+            self._log_failure(failure, {"hook": _Stage.START.value})
+            self._state_failures.append(failure)
+            return False
+        return True
+
+    def state_of(self, name: str) -> Any:
+        """The state object of plugin ``name`` in this runner (None: it has none). KeyError if unknown."""
+        return self._states[name]
+
+    def skip_reason(self, plugin: Plugin, qos: QoSClass | None = None) -> str:
+        """Why ``plugin`` is not called ("" when it is): a node handle it needs is missing, or (for a
+        pod of class ``qos``) its settings entry for the class says ``enabled: false``."""
+        missing = [handle for handle in plugin.needs if getattr(self.context, handle) is None]
+        if missing:
+            return f"needs {' and '.join(missing)}, which this node lacks"
+        spec = plugin.settings_spec
+        if qos is None or spec is None or spec.settings is None:
+            return ""
+        entry = self.context.policy().section(spec).for_class(qos)
+        if getattr(entry, "enabled", True) is False:
+            return f"{plugin.name}.{spec.class_entry[QoSClass(qos)]}.enabled is false"
+        return ""
+
+    def _settings_kwargs(self, plugin: Plugin, policy: policy_mod.Policy) -> dict[str, Any]:
+        """``section``, ``settings_for`` and ``state`` for the plugin's handlers, from ``policy``."""
+        spec = plugin.settings_spec
+        section: SectionSettings | None = policy.section(spec) if spec is not None else None
+
+        def settings_for(qos: QoSClass | str) -> Any:
+            return section.for_class(qos) if section is not None else None
+
+        return {
+            "section": section.common if section is not None else None,
+            "settings_for": settings_for,
+            "state": self._states.get(plugin.name),
+        }
+
+    def _set_enabled(self, plugins: Iterable[Plugin]) -> None:
+        self.plugins: tuple[Plugin, ...] = tuple(sorted(plugins, key=lambda p: (p.order, p.name)))
+        self._by_point = {
+            point: tuple(plugin for plugin in self.plugins if point in plugin.hook_points) for point in HookPoint
+        }
+
+    @property
+    def hook_points(self) -> frozenset[HookPoint]:
+        """The hook points at least one enabled plugin handles."""
+        return frozenset(point for point, plugins in self._by_point.items() if plugins)
+
+    def plugins_for(self, point: HookPoint) -> tuple[Plugin, ...]:
+        return self._by_point[point]
+
+    def disable(self, name: str) -> None:
+        """Stop running plugin ``name`` (e.g. after its on_start failed)."""
+        self._set_enabled(plugin for plugin in self.plugins if plugin.name != name)
+
+    # -- calls --
+
+    async def run(
+        self,
+        point: HookPoint,
+        *,
+        pod: PodInfo,
+        container: ContainerInfo | None = None,
+        qos: QoSResolution | None = None,
+    ) -> RunResult:
+        """Run ``point``'s handlers; the merged response. HookCallFailed when a "fail" plugin fails."""
+        resolution = qos if qos is not None else qos_of(pod, container)
+        policy = self.context.policy()
+        result = RunResult(HookResponse(point.kind))
+        bound = {"hook": point.value, "pod": f"{pod.namespace}/{pod.name}"}
+        if container is not None:
+            bound["container"] = container.name
+        pod = self._view(pod, policy, log.info, bound)
+        owners = FieldOwners()
+        for plugin in self._by_point[point]:
+            skip = self.skip_reason(plugin, resolution.qos_class)
+            if skip:
+                result.skipped[plugin.name] = skip
+                log.debug("plugin not called", plugin=plugin.name, reason=skip, **bound)
+                continue
+            handler = plugin.handler(point)
+            assert handler is not None
+            response = HookResponse(point.kind)
+            given = self._settings_kwargs(plugin, policy)
+            kwargs: dict[str, Any] = {
+                "hook": point,
+                "pod": pod,
+                "container": container,
+                "qos": resolution.qos_class,
+                "qos_resolution": resolution,
+                "settings": given["settings_for"](resolution.qos_class),
+                **given,
+                "response": response,
+                "cgroups": self.context.cgroups,
+                "resctrl": self.context.resctrl,
+                "log": _plugin_log.bind(plugin=plugin.name, **bound),
+                "plugin": plugin,
+                "dry_run": self.context.dry_run,
+            }
+            outcome, reason, _ = await self._call(plugin, handler, point.value, kwargs)
+            if outcome == "ok":
+                problems = response.problems()
+                if problems:
+                    outcome, reason = "invalid", "; ".join(problems)
+            if outcome == "ok":
+                owners.take(plugin.name, response, functools.partial(self._overwritten, bound))
+                result.response.merge(response)
+                result.applied.append(plugin.name)
+                continue
+            failure = PluginFailure(plugin.name, point.value, outcome, reason, plugin.failure_policy)
+            self._log_failure(failure, bound)
+            if plugin.failure_policy == "fail":
+                raise HookCallFailed(failure)
+            result.failures.append(failure)
+        return result
+
+    async def start(self) -> list[PluginFailure]:
+        """Call the on_start handlers. A failing "ignore" plugin is disabled (returned in the
+        list); a failing "fail" plugin raises HookCallFailed: the server must not start without it."""
+        failures: list[PluginFailure] = []
+        for refused in self._state_failures:
+            if refused.failure_policy == "fail":
+                raise HookCallFailed(refused)
+            failures.append(refused)
+        for plugin in list(self.plugins):
+            failure = await self._lifecycle(plugin, _Stage.START)
+            if failure is None:
+                continue
+            if plugin.failure_policy == "fail":
+                raise HookCallFailed(failure)
+            self.disable(plugin.name)
+            failures.append(failure)
+        return failures
+
+    async def stop(self) -> list[PluginFailure]:
+        """Call the on_stop handlers (failures are logged and returned), then close()."""
+        failures = []
+        for plugin in reversed(self.plugins):
+            failure = await self._lifecycle(plugin, _Stage.STOP)
+            if failure is not None:
+                failures.append(failure)
+        self.close()
+        return failures
+
+    async def reconcile(self, *, pods: Sequence[PodInfo], **extra: Any) -> list[PluginFailure]:
+        """Call every enabled plugin's reconcile handler with ``pods``, ``extra`` and the node
+        handles; failures are logged, counted and returned, whatever the failure policy."""
+        return (await self.reconcile_report(pods=pods, **extra)).failures
+
+    async def reconcile_report(
+        self,
+        *,
+        pods: Sequence[PodInfo],
+        containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
+        gone: Sequence[PodInfo] = (),
+        gone_containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
+        **extra: Any,
+    ) -> ReconcileReport:
+        """``reconcile``, also giving what each handler returned: the number of drifted values
+        it set back. A return value that is not an int >= 0 (or None, for 0) is logged and
+        taken as 0; the call still counts as "ok"."""
+        report = ReconcileReport()
+        policy = self.context.policy()  # each round: its hook calls have said it at info already
+        viewed = tuple(self._view(pod, policy, log.debug, {"pod": f"{pod.namespace}/{pod.name}"}) for pod in pods)
+        given = {
+            "pods": viewed,
+            "containers": MappingProxyType(dict(containers or {})),
+            "gone": tuple(gone),
+            "gone_containers": MappingProxyType(dict(gone_containers or {})),
+        }
+        for plugin in self.plugins:
+            handler = plugin.reconcile_handler
+            if handler is None or self.skip_reason(plugin):
+                continue
+            kwargs = {**extra, **self._node_kwargs(plugin, _Stage.RECONCILE), **given}
+            kwargs["pods"] = self._called_for(plugin, viewed)
+            outcome, reason, value = await self._call(plugin, handler, _Stage.RECONCILE.value, kwargs)
+            if outcome != "ok":
+                failure = PluginFailure(plugin.name, _Stage.RECONCILE.value, outcome, reason, plugin.failure_policy)
+                self._log_failure(failure, {"hook": _Stage.RECONCILE.value})
+                report.failures.append(failure)
+                continue
+            report.repaired[plugin.name] = _repair_count(plugin.name, value, self._odd_returns)
+        return report
+
+    def _view(self, pod: PodInfo, policy: policy_mod.Policy, say: Any, bound: Mapping[str, str]) -> PodInfo:
+        """``pod`` as the plugins see it (hooks/podview.py), each withheld part said with ``say``."""
+        view, withheld = plugin_view(pod, self.context.cgroups, policy)
+        for reason in withheld:
+            say("withheld from the plugins", reason=reason, **bound)
+        return view
+
+    def _called_for(self, plugin: Plugin, pods: tuple[PodInfo, ...]) -> tuple[PodInfo, ...]:
+        """The pods whose class does not switch ``plugin`` off (``enabled: false``)."""
+        spec = plugin.settings_spec
+        if spec is None or not spec.switchable:
+            return pods
+        return tuple(pod for pod in pods if not self.skip_reason(plugin, qos_of(pod).qos_class))
+
+    def close(self) -> None:
+        """Run no more sync handlers. Their threads are daemon threads: a hung one never delays exit."""
+        self._closed = True
+
+    async def _lifecycle(self, plugin: Plugin, stage: _Stage) -> PluginFailure | None:
+        handler = plugin.start_handler if stage is _Stage.START else plugin.stop_handler
+        if handler is None or self.skip_reason(plugin):
+            return None
+        kwargs = {**self._node_kwargs(plugin, stage), "server": self.context}
+        outcome, reason, _ = await self._call(plugin, handler, stage.value, kwargs)
+        if outcome == "ok":
+            return None
+        failure = PluginFailure(plugin.name, stage.value, outcome, reason, plugin.failure_policy)
+        self._log_failure(failure, {"hook": stage.value})
+        return failure
+
+    def _node_kwargs(self, plugin: Plugin, stage: _Stage) -> dict[str, Any]:
+        return {
+            **self._settings_kwargs(plugin, self.context.policy()),
+            "plugin": plugin,
+            "cgroups": self.context.cgroups,
+            "resctrl": self.context.resctrl,
+            "log": _plugin_log.bind(plugin=plugin.name, hook=stage.value),
+            "dry_run": self.context.dry_run,
+        }
+
+    async def _call(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
+        """Outcome, reason and (when "ok") the handler's return value."""
+        started = time.perf_counter()
+        if handler.is_async:
+            called = await self._call_async(plugin, handler, kwargs)
+        else:
+            called = await self._call_sync(plugin, handler, kwargs)
+        self.metrics.record(plugin.name, hook, called[0], time.perf_counter() - started)
+        if trace.ON:  # bench/pod_timeline.py: each plugin's part of a hook call
+            trace.event(
+                "hooks.plugin", plugin=plugin.name, hook=hook, outcome=called[0], seconds=time.perf_counter() - started
+            )
+        return called
+
+    async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> _Called:
+        try:
+            task = asyncio.ensure_future(handler.fn(**kwargs))
+        except Exception as exc:  # the call itself raised before returning a coroutine
+            return "error", _reason(exc), None
+        # asyncio.wait, not wait_for: a handler that swallows its cancellation must not hold up the call.
+        try:
+            done, _ = await asyncio.wait({task}, timeout=plugin.timeout)
+        except asyncio.CancelledError:  # the hook call itself was cancelled (the proxy gave up)
+            task.cancel()
+            self._keep_orphan(task, plugin)
+            raise
+        if not done:
+            task.cancel()
+            self._keep_orphan(task, plugin)
+            return "timeout", f"no answer within {plugin.timeout:g}s", None
+        return _task_outcome(task)
+
+    async def _call_sync(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> _Called:
+        if self._closed:
+            return "error", "not run: the runner is closed", None
+        with self._lock:
+            hung = self._running_sync.get(plugin.name, 0)
+            if hung >= self._max_hung:
+                return "busy", f"{hung} earlier calls of its sync handlers timed out and still run", None
+        call = _SyncCall()
+        context = contextvars.copy_context()
+        work = _in_thread(
+            functools.partial(context.run, _run_sync_handler, handler, kwargs),
+            f"runtime-hooks-{plugin.name}",
+            lambda: self._sync_done(plugin.name, call),
+        )
+        future = asyncio.wrap_future(work)
+        try:
+            done, _ = await asyncio.wait({future}, timeout=plugin.timeout)
+        except asyncio.CancelledError:
+            future.cancel()  # detach from the thread, which runs on
+            work.add_done_callback(functools.partial(_late_end, plugin.name))
+            raise
+        if not done:
+            # Detached, the thread's end does not touch the loop (which may be closed by then).
+            future.cancel()
+            work.add_done_callback(functools.partial(_late_end, plugin.name))
+            with self._lock:
+                if not call.finished:  # only calls past their timeout count as hung
+                    call.hung = True
+                    self._running_sync[plugin.name] = self._running_sync.get(plugin.name, 0) + 1
+            return "timeout", f"no answer within {plugin.timeout:g}s (its thread runs on)", None
+        return _task_outcome(future)
+
+    def _sync_done(self, name: str, call: _SyncCall) -> None:
+        with self._lock:
+            call.finished = True
+            if call.hung:
+                self._running_sync[name] -= 1
+
+    def _keep_orphan(self, future: asyncio.Future[Any], plugin: Plugin) -> None:
+        """Hold a timed-out call until it ends, then log how (never as an unretrieved exception)."""
+        self._orphans.add(future)
+
+        def finished(done: asyncio.Future[Any]) -> None:
+            self._orphans.discard(done)
+            if done.cancelled():
+                return
+            exc = done.exception()
+            log.info("timed-out plugin call ended", plugin=plugin.name, error=_reason(exc) if exc is not None else None)
+
+        future.add_done_callback(finished)
+
+    def _overwritten(self, bound: Mapping[str, str], overwrite: Overwrite) -> None:
+        self.metrics.overwrites.labels(field=overwrite.kind).inc()
+        log.warning("plugin overwrote another plugin's value", **bound, **overwrite.log_fields())
+
+    @staticmethod
+    def _log_failure(failure: PluginFailure, bound: Mapping[str, str]) -> None:
+        fields = {**bound, "plugin": failure.plugin, "outcome": failure.outcome, "reason": failure.reason}
+        if failure.failure_policy == "fail":
+            log.error("plugin failed; failing the hook call", **fields)
+        else:
+            log.warning("plugin failed; its changes are ignored", **fields)
+
+
+class _ReturnedAwaitable(Exception):
+    pass
+
+
+def _late_end(plugin: str, work: concurrent.futures.Future[Any]) -> None:
+    """Log how a timed-out sync handler finally ended (runs in its thread)."""
+    if work.cancelled():
+        return
+    exc = work.exception()
+    log.info("timed-out plugin call ended", plugin=plugin, error=_reason(exc) if exc is not None else None)
+
+
+def _in_thread(fn: Callable[[], Any], name: str, finished: Callable[[], None]) -> concurrent.futures.Future[Any]:
+    """Run ``fn`` in a new daemon thread; its future. ``finished`` runs in the thread when ``fn`` ends.
+
+    Not a ThreadPoolExecutor: its workers are joined at interpreter exit, so one hung plugin
+    would keep the server from exiting on SIGTERM. A thread per call costs tens of
+    microseconds, little next to a gRPC call, and a hung one blocks nothing.
+    """
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def target() -> None:
+        try:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+        finally:
+            finished()
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return future
+
+
+def _run_sync_handler(handler: Handler, kwargs: dict[str, Any]) -> Any:
+    result = handler.fn(**kwargs)
+    if inspect.isawaitable(result):
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # no "coroutine was never awaited" warning
+        raise _ReturnedAwaitable(f"{handler.name} is not async def but returned an awaitable; declare it async def")
+    return result
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _task_outcome(future: asyncio.Future[Any]) -> _Called:
+    if future.cancelled():
+        return "error", "cancelled", None
+    exc = future.exception()
+    if exc is None:
+        return "ok", "", future.result()
+    return "error", _reason(exc), None
+
+
+def _repair_count(plugin: str, value: Any, warned: set[str]) -> int:
+    """A reconcile handler's return value as a count of repaired values (see reconcile_report);
+    ``warned``: the plugins already told about an odd return value (once each, not every round)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and value >= 0:  # bool included: True is one repair
+        return int(value)
+    if plugin not in warned:
+        warned.add(plugin)
+        log.warning(
+            "reconcile handler should return the number of values it repaired (an int >= 0); taken as 0",
+            plugin=plugin,
+            returned=repr(value)[:80],
+        )
+    return 0
