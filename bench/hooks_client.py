@@ -15,6 +15,8 @@ Jobs:
   server, `calls` timed calls one after another (with `gap` seconds of idle between
   them, if given) after `warmup` untimed ones, serialised and decoded as the proxy's
   dispatcher does; answers each call's latency.
+* {"op": "spaced", "sockets": {name: path}, "calls", "gap"}: CRI Version through each socket in
+  turn, `gap` seconds of idle before each call; answers each call's latency by name.
 """
 
 from __future__ import annotations
@@ -210,9 +212,33 @@ async def run_probe(job: dict[str, Any]) -> dict[str, Any]:
     return {"latencies": latencies}
 
 
+async def run_spaced(job: dict[str, Any]) -> dict[str, Any]:
+    """CRI Version through each named socket in turn, `gap` seconds of idle before each call (as
+    between a pod start's calls), after one untimed call each; each call's latency by name."""
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
+    channels = {name: grpc.aio.insecure_channel(f"unix://{path}", options=options)
+                for name, path in job["sockets"].items()}
+    latencies: dict[str, list[float]] = {name: [] for name in channels}
+    request, clock = pb.VersionRequest(version="v1"), time.perf_counter
+    try:
+        clients = {name: Cri(channel) for name, channel in channels.items()}
+        for cri in clients.values():
+            await cri("Version", request, pb.VersionResponse)
+        for _ in range(job["calls"]):
+            for name, cri in clients.items():
+                await asyncio.sleep(job["gap"])
+                began = clock()
+                await cri("Version", request, pb.VersionResponse)
+                latencies[name].append(clock() - began)
+    finally:
+        for channel in channels.values():
+            await channel.close(None)
+    return {"latencies": latencies}
+
+
 async def serve_jobs() -> None:
     loop = asyncio.get_running_loop()
-    ops = {"pods": run_pods, "probe": run_probe}
+    ops = {"pods": run_pods, "probe": run_probe, "spaced": run_spaced}
     while True:
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line:

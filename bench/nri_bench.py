@@ -11,16 +11,20 @@ CreateContainer) three ways, in turn:
   (started for this block, stopped after it: it must not see the other blocks' pods);
 * ``proxy``: through ``runtime-proxy serve`` with ``runtime-hooks`` in proxy mode.
 
-Pod start is RunPodSandbox + CreateContainer + StartContainer as one CRI client sees it. The
-handling time of each NRI event (arrival to answer, the "NRI event handled" log line) gives
-p50/p99/max per event: NRI drops a plugin that takes over 2 s. Figures are ratios against
-``direct`` in the same run; the machine's noise is in them (run it again for yours).
+Pod start is RunPodSandbox + CreateContainer + StartContainer as one CRI client sees it, with
+each call's p50 beside it (PostStartContainer's cost, if the plugin made containerd wait for it,
+shows in StartContainer). The handling time of each NRI event (arrival to the end of its hooks,
+the "NRI event handled" log line; notifications are answered before their hooks run) gives
+p50/p99/max per event: NRI drops a plugin that takes over 2 s to answer. Figures are ratios
+against ``direct`` in the same run; the machine's noise is in them, so the load average before
+and after is printed too (run it again for yours).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -96,8 +100,11 @@ def hooks_args(bed: Containerd, work: Path, *extra: str) -> list[str]:
             "--runtime-endpoint", "", "--log-format", "json", *extra]
 
 
-def start_pod(cri: CriClient, bed: Containerd) -> tuple[float, str]:
-    """Seconds for RunPodSandbox + CreateContainer + StartContainer of one BE pod; its cgroup parent."""
+CALLS = ("RunPodSandbox", "CreateContainer", "StartContainer")
+
+
+def start_pod(cri: CriClient, bed: Containerd) -> tuple[list[float], str]:
+    """Seconds of RunPodSandbox, CreateContainer and StartContainer of one BE pod; its cgroup parent."""
     uid = str(uuid.uuid4())
     parent = bed.cgroup_parent(uid, "besteffort")
     config = pb.PodSandboxConfig(
@@ -114,12 +121,15 @@ def start_pod(cri: CriClient, bed: Containerd) -> tuple[float, str]:
         image=pb.ImageSpec(image=bed.test_image),
         linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(cpu_shares=2, cpu_period=100_000)),
     )
-    began = time.perf_counter()
+    marks = [time.perf_counter()]
     sandbox = cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=60).pod_sandbox_id
+    marks.append(time.perf_counter())
     request = pb.CreateContainerRequest(pod_sandbox_id=sandbox, config=container, sandbox_config=config)
     container_id = cri.runtime.CreateContainer(request, timeout=60).container_id
+    marks.append(time.perf_counter())
     cri.runtime.StartContainer(pb.StartContainerRequest(container_id=container_id), timeout=60)
-    return time.perf_counter() - began, parent
+    marks.append(time.perf_counter())
+    return [end - begin for begin, end in itertools.pairwise(marks)], parent
 
 
 def remove_cgroups(parent: str) -> None:
@@ -132,12 +142,13 @@ def remove_cgroups(parent: str) -> None:
                 os.rmdir(directory)
 
 
-def block(bed: Containerd, endpoint: str, pods: int) -> list[float]:
+def block(bed: Containerd, endpoint: str, pods: int) -> list[list[float]]:
+    """Per pod, the seconds of each of CALLS."""
     times, parents = [], []
     with CriClient(endpoint, timeout=60) as cri:
         for _ in range(pods):
-            seconds, parent = start_pod(cri, bed)
-            times.append(seconds)
+            calls, parent = start_pod(cri, bed)
+            times.append(calls)
             parents.append(parent)
     bed.remove_all_pods()
     for parent in parents:
@@ -159,7 +170,7 @@ def event_times(log: Path) -> dict[str, list[float]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     bed = Containerd(build=locate("1.7"), nri=True)
     work = Path(tempfile.mkdtemp(prefix="rtpxnb-", dir="/tmp"))
-    starts: dict[str, list[float]] = {target: [] for target in TARGETS}
+    starts: dict[str, list[list[float]]] = {target: [] for target in TARGETS}
     try:
         bed.start()
         config_dir = work / "hookserver.d"
@@ -185,14 +196,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summarize(starts, events)
 
 
-def summarize(starts: dict[str, list[float]], events: dict[str, list[float]]) -> dict[str, Any]:
-    direct = statistics.mean(starts["direct"])
+def summarize(starts: dict[str, list[list[float]]], events: dict[str, list[float]]) -> dict[str, Any]:
+    direct = statistics.mean(sum(calls) for calls in starts["direct"])
     result: dict[str, Any] = {"pod_start": {}, "nri_events": {}}
-    for target, times in starts.items():
+    for target, pods in starts.items():
+        times = [sum(calls) for calls in pods]
         ordered = sorted(times)
         result["pod_start"][target] = {
             "pods": len(times), "p50_ms": percentile(ordered, 0.5) * 1e3, "mean_ms": statistics.mean(times) * 1e3,
             "mean_vs_direct": statistics.mean(times) / direct,
+            # each call's p50: PostStartContainer's cost shows in StartContainer alone
+            **{f"{call}_p50_ms": percentile(sorted(c[i] for c in pods), 0.5) * 1e3 for i, call in enumerate(CALLS)},
         }
     for event, times in sorted(events.items()):
         ordered = sorted(times)
@@ -202,10 +216,12 @@ def summarize(starts: dict[str, list[float]], events: dict[str, list[float]]) ->
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = ["| pod start | pods | p50 | mean | mean vs direct |", "|---|---|---|---|---|"]
+    lines = ["| pod start | pods | p50 | mean | mean vs direct | " + " | ".join(f"{c} p50" for c in CALLS) + " |",
+             "|---|---|---|---|---|" + "---|" * len(CALLS)]
     for target, row in result["pod_start"].items():
+        calls = " | ".join(f"{row[f'{call}_p50_ms']:.1f} ms" for call in CALLS)
         lines.append(f"| {target} | {row['pods']} | {row['p50_ms']:.1f} ms | {row['mean_ms']:.1f} ms | "
-                     f"{row['mean_vs_direct']:.3f}x |")
+                     f"{row['mean_vs_direct']:.3f}x | {calls} |")
     lines += ["", "| NRI event | handled | p50 | p99 | max |", "|---|---|---|---|---|"]
     for event, row in result["nri_events"].items():
         lines.append(f"| {event} | {row['count']} | {row['p50_ms']:.2f} ms | {row['p99_ms']:.2f} ms | "
@@ -219,8 +235,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="blocks per target, interleaved")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()
     result = run(args)
+    result["load_average"] = {"before": load_before, "after": os.getloadavg()}
     print(render(result))
+    print(f"\nload average (1, 5, 15 min): before {load_before}, after {result['load_average']['after']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

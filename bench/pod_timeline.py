@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hooks_bench import CLIENT_SCRIPT as HOOKS_CLIENT_SCRIPT
 from hooks_bench import HookServer, interleaved, paired, pod_spec, register_hook_server
 from relay_bench import Client, Proxy, background_cpus, percentile, workdir
 from runtime_hooks_bench import CLIENT_SCRIPT, KINDS, POLICY, HookedProxy, fake_resctrl, scratch_dir
@@ -43,6 +44,7 @@ PROXIED = TARGETS[1:]
 LABELS = {"direct": "direct", "hooks": "proxy + runtime-hooks (all built-in plugins)",
           "noop": "proxy + no-op hook server on all 13 points"}
 RATIO_TARGETS = {"hooks": 1.03, "noop": 1.02}  # issue 12, item 3
+SPACED_GAP = 0.02  # s of idle before each spaced Version call: as between a pod start's calls
 STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer")
 # The parts of a proxied call, in the order they happen (ms); a direct call has "to proxy",
 # "runtime" and "back" too (to containerd, in it, back), not "keys", "layer" and "hooks".
@@ -79,7 +81,7 @@ def run_pods(args: argparse.Namespace, work: Path, scratch: Path, trace: Path) -
 
         def run_groups(groups: list[list[str]], label: str) -> tuple[list[dict[str, str]], dict[str, Any]]:
             assert client is not None
-            specs = []
+            specs: list[dict[str, str]] = []
             for k, group in enumerate(groups):
                 kind = KINDS[k % 2]
                 for target in group:
@@ -97,8 +99,9 @@ def run_pods(args: argparse.Namespace, work: Path, scratch: Path, trace: Path) -
             for key in ("steps", "ended", "sched_start"):
                 answer[key] += round_answer[key]
         pids = {"hooks": stack.proxy.pid, "noop": noop_proxy.pid, "runtime-hooks": stack.hooks.pid}
+        spaced = spaced_calls(args.spaced_calls, sockets)
         return {"specs": specs, "answer": answer, "background_cpus": background, "pids": pids,
-                "load_after": os.getloadavg()}
+                "load_after": os.getloadavg(), "spaced": spaced}
     finally:
         os.environ.pop(TRACE_ENV, None)
         if client is not None:
@@ -109,6 +112,20 @@ def run_pods(args: argparse.Namespace, work: Path, scratch: Path, trace: Path) -
         if stack is not None:
             stack.stop()
         bed.stop()
+
+
+def spaced_calls(calls: int, sockets: dict[str, str]) -> dict[str, list[float]]:
+    """Version (relayed, never hooked) after an idle gap, direct and through each proxy in turn: what
+    one relayed call costs when the processes have gone idle in between, as in a pod start."""
+    if calls < 1:
+        return {}
+    client = Client(HOOKS_CLIENT_SCRIPT)
+    try:
+        latencies: dict[str, list[float]] = client.run(op="spaced", sockets=sockets, calls=calls,
+                                                       gap=SPACED_GAP)["latencies"]
+    finally:
+        client.close()
+    return latencies
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
@@ -205,7 +222,8 @@ def build(run: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
             pod.update(pod_timeline(pod, calls.get(spec["uid"], {}), mine))
         pods.append(pod)
     return {"pods": pods, "background_cpus": run["background_cpus"], "load_after": run["load_after"],
-            "trace_events": len(events)}
+            "trace_events": len(events), "spaced_ms": {t: percentile(sorted(v), 0.5) * 1e3
+                                                       for t, v in run["spaced"].items()}}
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -288,6 +306,14 @@ def print_ratios(report: dict[str, Any]) -> None:
               f"{t['paired_ratio']:>8.3f}x ± {t['paired_ratio_ci']:.3f}  <= {t['target']:.2f}x: {met}")
 
 
+def print_spaced(report: dict[str, Any]) -> None:
+    spaced = report["spaced_ms"]
+    if not spaced:
+        return
+    print(f"\nOne relayed call after {SPACED_GAP * 1e3:.0f} ms idle (Version, p50): " + ", ".join(
+        f"{t} {ms:.3f} ms" + (f" ({ms - spaced['direct']:+.3f})" if t != "direct" else "") for t, ms in spaced.items()))
+
+
 def print_pods(report: dict[str, Any]) -> None:
     print("\nPer proxied pod (ms): step client = to proxy + keys + layer + hooks + runtime + back")
     for p in report["pods"]:
@@ -347,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pods", type=int, default=10, help="timed pods per target and round (default 10)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; pods are removed after each (default 3)")
     parser.add_argument("--warmup-pods", type=int, default=1, help="untimed pods per target and kind (default 1)")
+    parser.add_argument("--spaced-calls", type=int, default=200,
+                        help="Version calls per target after an idle gap, after the pods (default 200; 0: none)")
     parser.add_argument("--per-pod", action="store_true", help="print every proxied pod's timeline too")
     parser.add_argument("--json", type=Path, help="also write the timelines and means to this file")
     args = parser.parse_args(argv)
@@ -367,6 +395,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print_pods(report)
     for target in PROXIED:
         print_target(report, target)
+    print_spaced(report)
     print_ratios(report)
     print(f"\nWall time {time.monotonic() - began:.1f} s")
     if args.json is not None:

@@ -287,6 +287,8 @@ def serve(
         click.core.ParameterSource.DEFAULT
     ):
         hook_config_dir = ""  # NRI mode alone: no registration for a proxy
+        # still bound: its <endpoint>.lock keeps a second instance from registering with NRI too (docs/nri.md)
+        log.info("NRI mode alone: hook endpoint served unregistered, as the one-instance lock", endpoint=endpoint)
     settings = ServerSettings(
         endpoint=endpoint,
         hook_config_dir=hook_config_dir or None,

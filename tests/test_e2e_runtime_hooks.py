@@ -515,6 +515,9 @@ def test_be_pod_gets_batch_cpu_quota_and_shares(node: Node) -> None:
     # The pod cgroup (the plugin made it: there is no kubelet) holds the sum of the limits.
     assert read_int("cpu", "cpu.cfs_quota_us", parent) == sum(limit for _, limit in BE_BATCH.values()) * 100
     assert read_int("cpu", "cpu.cfs_period_us", parent) == 100_000
+    # and Koordinator's pod shares: MilliCPUToShares(sum of the batch-cpu requests), not kubelet's 2.
+    batch_requests = sum(request for request, _ in BE_BATCH.values())
+    assert read_int("cpu", "cpu.shares", parent) == max(batch_requests * 1024 // 1000, 2)
     if HAS_CFS_BURST:
         assert read_int("cpu", "cpu.cfs_burst_us", parent) == 0
     assert failed_plugin_calls(node, "cpu", "memory") == []
@@ -577,6 +580,12 @@ def test_reconciler_repairs_drift(node: Node) -> None:
     node.hooks.wait_record(
         lambda r: r.get("event") == "repaired drifted cpu settings" and "quota" in r.get("settings", [])
     )
+    # The pod's batch shares: kubelet would reset them to 2 (BestEffort); the reconciler puts them back.
+    shares_file = cgroup_dir("cpu", pod.parent) / "cpu.shares"
+    wanted_shares = sum(request for request, _ in BE_BATCH.values()) * 1024 // 1000
+    assert int(shares_file.read_text()) == wanted_shares
+    shares_file.write_text("2")
+    eventually(lambda: int(shares_file.read_text()) == wanted_shares, 2 * interval + 1.0, node.hooks_log)
 
     # The pod's threads PostStartContainer never saw (the sandbox's) were moved into the group.
     sandbox_tids = threads(pod.parent, pod.sandbox_id)

@@ -82,6 +82,13 @@ class NriNode(Node):
 
     def start_nri(self, policy: str, *extra: str) -> None:
         write_atomically(self.policy, policy)
+        args, env = self.nri_command(*extra)
+        self.hooks = self.start_daemon("hooks-nri", args, env)
+        ready = self.hooks.wait_record(lambda r: r.get("event") == "ready")
+        self.metrics_url = f"http://{ready['metrics_address']}/metrics"
+
+    def nri_command(self, *extra: str) -> tuple[list[str], dict[str, str]]:
+        """``runtime-hooks serve`` in NRI mode alone, and the environment it needs beside ours."""
         args = self.hooks_args(
             HOOKS,
             self.resctrl_root,
@@ -98,16 +105,10 @@ class NriNode(Node):
         at = args.index("--hook-config-dir")
         del args[at : at + 2]  # NRI mode alone
         path = [str(self.kernel_dir), str(self._write_extra_plugins()), os.environ.get("PYTHONPATH", "")]
-        self.hooks = self.start_daemon(
-            "hooks-nri",
-            args,
-            {
-                "PYTHONPATH": os.pathsep.join(p for p in path if p),
-                "RTPX_E2E_FAKE_RESCTRL": json.dumps({"root": str(self.resctrl_root), "options": FAKE_RESCTRL}),
-            },
-        )
-        ready = self.hooks.wait_record(lambda r: r.get("event") == "ready")
-        self.metrics_url = f"http://{ready['metrics_address']}/metrics"
+        return args, {
+            "PYTHONPATH": os.pathsep.join(p for p in path if p),
+            "RTPX_E2E_FAKE_RESCTRL": json.dumps({"root": str(self.resctrl_root), "options": FAKE_RESCTRL}),
+        }
 
 
 @pytest.fixture
@@ -230,7 +231,10 @@ def test_nri_plugin_reconnects_after_a_containerd_restart(node: NriNode) -> None
     node.start_nri(policy_text(interval=600))
     assert node.hooks is not None
     node.containerd.restart()
-    node.hooks.wait_record(lambda r: r.get("event") == "NRI connection lost; reconnecting", REGISTERED_TIMEOUT)
+    lost = node.hooks.wait_record(lambda r: r.get("event") == "NRI connection lost; reconnecting", REGISTERED_TIMEOUT)
+    # containerd 1.7 (NRI 0.6.1) sends no Shutdown request when it stops: the connection just ends
+    assert lost["reason"] == "the runtime closed the connection", node.hooks_log()
+    assert not [r for r in node.hooks.records() if r.get("event") == "the runtime is shutting NRI down"]
     again = node.hooks.wait_record(lambda r: r.get("event") == "NRI plugin re-registered", REGISTERED_TIMEOUT)
     assert again["plugin"] == "50-runtime-hooks"
     assert node.hooks_metric("runtimehooks_nri_reconnects_total") == 1
@@ -241,6 +245,52 @@ def test_nri_plugin_reconnects_after_a_containerd_restart(node: NriNode) -> None
     assert read_int("cpu", "cpu.cfs_quota_us", be.parent, be.containers[name]) == limit * 100
     assert read_int("cpu", "cpu.shares", be.parent, be.containers[name]) == request * 1024 // 1000
     assert node.hooks.alive
+
+
+def oom_scores(pod: Pod, name: str) -> set[int]:
+    """oom_score_adj of every process in the container's (v1 cpu) cgroup."""
+    pids = read("cpu", "cgroup.procs", pod.parent, pod.containers[name]).split()
+    return {int((Path("/proc") / pid / "oom_score_adj").read_text()) for pid in pids}
+
+
+def test_nri_be_container_gets_the_oom_score_written_to_its_process(node: NriNode) -> None:
+    """NRI 0.6.1 cannot carry the OOM score the memory plugin answers for BE at PreCreateContainer;
+    it is written to the container's process at PostStartContainer, only ever raised."""
+    node.start_nri(policy_text(interval=600))
+    assert node.hooks is not None
+    # kubelet's value for a Burstable container; a pod labelled BE may be Burstable
+    burstable = pb.LinuxContainerResources(cpu_period=100_000, cpu_shares=2, oom_score_adj=500)
+    with CriClient(node.containerd.address, timeout=CALL_TIMEOUT) as cri:
+        pods = {
+            qos: node.run_pod(
+                cri,
+                f"{qos.lower()}-oom",
+                qos_parent="burstable",
+                labels={QOS_LABEL: qos},
+                annotations={},
+                containers=[ContainerSpec("app", burstable)],
+            )
+            for qos in ("BE", "LS")
+        }
+    eventually(lambda: oom_scores(pods["BE"], "app") == {1000}, 10.0, node.hooks_log)
+    assert oom_scores(pods["LS"], "app") == {500}  # other classes are left to kubelet
+    raised = node.hooks.wait_record(lambda r: r.get("event") == "oom_score_adj raised")
+    assert (raised["before"], raised["after"], raised["container"]) == (500, 1000, "app")
+    assert not [r for r in node.hooks.records() if r.get("event") == "answer fields NRI cannot apply were not applied"]
+
+
+def test_a_second_nri_instance_on_the_same_endpoint_refuses_to_start(node: NriNode) -> None:
+    """NRI mode alone still binds the hook endpoint: its lock is what keeps a second runtime-hooks
+    from registering with NRI as well (which would run every hook twice)."""
+    node.start_nri(policy_text(interval=600))
+    args, extra_env = node.nri_command()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNTIME_HOOKS_", "NOTIFY_SOCKET"))}
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env | extra_env, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{node.hooks_endpoint} is already being served: another instance holds its lock" in done.stderr
+    assert node.hooks is not None and node.hooks.alive
+    registered = [r for r in node.hooks.records() if r.get("event") == "registered as an NRI plugin"]
+    assert len(registered) == 1
 
 
 def _serve_once(node: Node, socket: str) -> subprocess.CompletedProcess[str]:

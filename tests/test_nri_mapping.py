@@ -119,8 +119,7 @@ def test_what_nri_cannot_carry_is_listed_never_dropped_silently() -> None:
     response.cgroup_parent = "/kubepods/other"
     adjust, not_applied = container_adjustment(response)
     assert sorted(not_applied.names()) == sorted(
-        [
-            "resources.oom_score_adj",
+        [  # the OOM score is not among them: written to the started process (test_nri_oom.py)
             "resources.memory_swap_limit_in_bytes",
             "env[-PATH]",
             "env[RAW]",
@@ -135,9 +134,10 @@ def test_an_update_answer_updates_the_container_itself() -> None:
     response = HookResponse(HookKind.CONTAINER)
     response.resources.cpu_quota = 20_000
     response.env.set("A", "1")
+    response.resources.oom_score_adj = 1000
     updates, not_applied = resources_update("c1", response)
     assert [(u.container_id, u.linux.resources.cpu.quota.value) for u in updates] == [("c1", 20_000)]
-    assert not_applied.names() == ["env[A]"]
+    assert not_applied.names() == ["resources.oom_score_adj", "env[A]"]
     assert resources_update("c1", HookResponse(HookKind.CONTAINER))[0] == []
 
 
@@ -164,7 +164,9 @@ def test_the_event_mask_subscribes_exactly_the_needed_events(points: set[HookPoi
     mask = event_mask(points)
     assert mask != 0  # 0 would mean every event to NRI
     for event, run in EVENT_POINTS.items():
-        assert bool(mask & (1 << (event - 1))) == bool(set(run) & points)
+        # PreCreateContainer's OOM score is written at PostStartContainer
+        oom = event == nri.POST_START_CONTAINER and HookPoint.PRE_CREATE_CONTAINER in points
+        assert bool(mask & (1 << (event - 1))) == bool(set(run) & points or oom)
     assert mask < 1 << (nri.LAST - 1)  # NRI refuses bits past its events
 
 
@@ -175,7 +177,7 @@ def test_modes_of_a_plugin() -> None:
         "nri": ["PreCreateContainer"],
         "not_in_nri": ["PreUpdatePodSandboxResources"],
     }
-    assert events_for(points) == [nri.CREATE_CONTAINER]
+    assert events_for(points) == [nri.CREATE_CONTAINER, nri.POST_START_CONTAINER]
     [line] = mode_lines([("cpu", points)])
     assert line.startswith("cpu: in NRI mode PreCreateContainer; never PreUpdatePodSandboxResources (NRI 0.6.1")
 
@@ -215,7 +217,7 @@ async def call(hooks: NriHooks, name: str, message: Any, timeout: float | None =
 async def test_configure_subscribes_the_events_of_the_enabled_plugins() -> None:
     hooks, _ = make_hooks(stamp_plugin())
     answer = nri.ConfigureResponse.FromString(await call(hooks, "Configure", nri.ConfigureRequest(runtime_name="x")))
-    wanted = {nri.RUN_POD_SANDBOX, nri.CREATE_CONTAINER, nri.UPDATE_CONTAINER}
+    wanted = {nri.RUN_POD_SANDBOX, nri.CREATE_CONTAINER, nri.UPDATE_CONTAINER, nri.POST_START_CONTAINER}
     assert answer.events == sum(1 << (event - 1) for event in wanted)
 
 

@@ -1,19 +1,28 @@
-"""Unary ttrpc (hooks/nri/rpc.py) and the NRI connection (hooks/nri/connection.py) without a runtime:
-a client and a server wired to each other in memory, and a fake runtime on a real unix socket."""
+"""Unary ttrpc (hooks/nri/rpc.py), the NRI connection (hooks/nri/connection.py) and registration
+(hooks/nri/plugin.py) without a runtime: a client and a server wired to each other in memory, and
+a fake runtime on a real unix socket (timeouts, closes and refusals while registering, Shutdown)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.nri.connection import NriUnavailable, connect
+from runtimeproxy.hooks.nri.metrics import NriMetrics
 from runtimeproxy.hooks.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, encode_chunks
+from runtimeproxy.hooks.nri.plugin import NriPlugin, NriSettings
 from runtimeproxy.hooks.nri.rpc import Method, RpcError, StatusCode, TtrpcClient, TtrpcServer
+from runtimeproxy.hooks.nri.service import NriHooks
 from runtimeproxy.hooks.nri.ttrpc import Frame, FrameDecoder, MessageType, encode_frame
+from runtimeproxy.hooks.runner import PluginRunner
+from structlog.testing import capture_logs
 
 from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb
+from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 
 
 async def echo(payload: bytes, timeout: float | None) -> bytes:
@@ -188,3 +197,167 @@ async def test_connect_says_why_there_is_no_connection(tmp_path: Path) -> None:
             await connect(str(stale), METHODS)
     finally:
         sock.close()
+
+
+# -- registration, against a fake runtime that misbehaves in each way NRI can -----------------------------
+
+
+class FakeRuntime:
+    """NRI's side of the socket, one script per accepted connection (the last one repeats):
+
+    * ``silent``: never answers RegisterPlugin; ``close``: closes instead of answering;
+    * ``refuse``: answers RegisterPlugin with INVALID_ARGUMENT, as NRI does for a bad index;
+    * ``no-configure``: answers it, then sends nothing; ``close-after-register``: answers, then closes;
+    * ``full``: answers, Configure, Synchronize, then stays; ``shutdown``: as full, then Shutdown and close.
+    """
+
+    def __init__(self, scripts: list[str]) -> None:
+        self.scripts = scripts
+        self.connections = 0
+        self.registrations: list[nri_pb.RegisterPluginRequest] = []
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        script = self.scripts[min(self.connections, len(self.scripts) - 1)]
+        self.connections += 1
+        queues: dict[int, asyncio.Queue[Frame]] = {
+            PLUGIN_SERVICE_CONN: asyncio.Queue(),
+            RUNTIME_SERVICE_CONN: asyncio.Queue(),
+        }
+        closed = asyncio.ensure_future(self._demux(reader, queues))
+        try:
+            await self._play(script, writer, queues, closed)
+        finally:
+            writer.close()
+            closed.cancel()
+
+    @staticmethod
+    async def _demux(reader: asyncio.StreamReader, queues: dict[int, asyncio.Queue[Frame]]) -> None:
+        mux, frames = MuxDecoder(), {conn: FrameDecoder() for conn in queues}
+        while data := await reader.read(4096):
+            for conn, chunk in mux.feed(data):
+                for frame in frames[conn].feed(chunk):
+                    assert isinstance(frame, Frame)
+                    queues[conn].put_nowait(frame)
+
+    async def _play(
+        self, script: str, writer: asyncio.StreamWriter, queues: dict[int, asyncio.Queue[Frame]], closed: Any
+    ) -> None:
+        frame = await queues[RUNTIME_SERVICE_CONN].get()
+        request = ttrpc_pb.Request.FromString(frame.payload)
+        assert (request.service, request.method) == ("nri.pkg.api.v1alpha1.Runtime", "RegisterPlugin")
+        self.registrations.append(nri_pb.RegisterPluginRequest.FromString(request.payload))
+        if script == "silent":
+            await closed
+            return
+        if script == "close":
+            return
+        status = (
+            ttrpc_pb.Status(code=StatusCode.INVALID_ARGUMENT, message="invalid plugin index")
+            if script == "refuse"
+            else None
+        )
+        reply = ttrpc_pb.Response(payload=nri_pb.Empty().SerializeToString(), status=status)
+        writer.write(
+            encode_chunks(
+                RUNTIME_SERVICE_CONN, encode_frame(frame.stream_id, MessageType.RESPONSE, reply.SerializeToString())
+            )
+        )
+        if script in ("refuse", "no-configure"):
+            await closed
+            return
+        if script == "close-after-register":
+            await writer.drain()
+            return
+        calls = [
+            ("Configure", nri_pb.ConfigureRequest(runtime_name="fake")),
+            ("Synchronize", nri_pb.SynchronizeRequest()),
+        ]
+        if script == "shutdown":
+            calls.append(("Shutdown", nri_pb.Empty()))
+        for stream, (method, message) in enumerate(calls):
+            call = ttrpc_pb.Request(
+                service="nri.pkg.api.v1alpha1.Plugin", method=method, payload=message.SerializeToString()
+            )
+            writer.write(
+                encode_chunks(
+                    PLUGIN_SERVICE_CONN, encode_frame(2 * stream + 1, MessageType.REQUEST, call.SerializeToString())
+                )
+            )
+            answer = await queues[PLUGIN_SERVICE_CONN].get()
+            assert ttrpc_pb.Response.FromString(answer.payload).status.code == StatusCode.OK, method
+        if script != "shutdown":
+            await closed
+
+
+def nri_plugin(path: str, ready_timeout: float = 2.0) -> tuple[NriPlugin, list[str]]:
+    shutdowns: list[str] = []
+    hooks = NriHooks(PluginRunner([], registry=CollectorRegistry()), NriMetrics(CollectorRegistry()))
+    hooks.on_shutdown = lambda: shutdowns.append("shutdown")
+    settings = NriSettings(path, ready_timeout=ready_timeout, reconnect_min=0.05, reconnect_max=0.1)
+    return NriPlugin(hooks, settings), shutdowns
+
+
+@pytest.mark.parametrize(
+    ("script", "error", "message"),
+    [
+        ("silent", TimeoutError, r"sent no answer to RegisterPlugin within 0\.3s"),
+        ("close", NriUnavailable, "did not register us: UNAVAILABLE: the runtime closed the connection"),
+        ("refuse", NriUnavailable, "did not register us: INVALID_ARGUMENT: invalid plugin index"),
+        ("no-configure", TimeoutError, r"sent no Configure within 0\.3s"),
+        ("close-after-register", NriUnavailable, "NRI closed the connection while registering us"),
+    ],
+)
+async def test_registration_failures_say_what_went_wrong(
+    tmp_path: Path, script: str, error: type[Exception], message: str
+) -> None:
+    path = str(tmp_path / "nri.sock")
+    runtime = FakeRuntime([script])
+    server = await asyncio.start_unix_server(runtime, path)
+    async with server:
+        plugin, _ = nri_plugin(path, ready_timeout=0.3)
+        with pytest.raises(error, match=message) as info:
+            await plugin.start()
+        assert isinstance(info.value, OSError)  # what `serve` turns into "runtime-hooks: <reason>", exit 1
+        assert [(r.plugin_name, r.plugin_idx) for r in runtime.registrations] == [("runtime-hooks", "50")]
+        assert plugin.connection is None and plugin.hooks.metrics.connected._value.get() == 0
+        await plugin.stop()
+
+
+async def test_a_shutdown_request_then_the_close_is_logged_and_the_plugin_registers_again(tmp_path: Path) -> None:
+    path = str(tmp_path / "nri.sock")
+    runtime = FakeRuntime(["shutdown", "full"])
+    server = await asyncio.start_unix_server(runtime, path)
+    async with server:
+        plugin, shutdowns = nri_plugin(path)
+        with capture_logs() as logs:
+            await plugin.start()
+            for _ in range(200):
+                if plugin.registrations == 2:
+                    break
+                await asyncio.sleep(0.02)
+        assert plugin.registrations == 2 and runtime.connections == 2
+        assert shutdowns == ["shutdown"]
+        [lost] = [entry for entry in logs if entry["event"] == "NRI connection lost; reconnecting"]
+        assert lost["reason"].startswith("the runtime shut NRI down")
+        assert plugin.hooks.metrics.reconnects._value.get() == 1
+        await plugin.stop()
+
+
+async def test_a_runtime_that_stays_away_is_retried_until_it_is_back(tmp_path: Path) -> None:
+    path = str(tmp_path / "nri.sock")
+    runtime = FakeRuntime(["full", "refuse", "close", "full"])
+    server = await asyncio.start_unix_server(runtime, path)
+    async with server:
+        plugin, _ = nri_plugin(path)
+        await plugin.start()
+        assert plugin.connection is not None
+        with capture_logs() as logs:
+            await plugin.connection.close()  # as if the runtime dropped us
+            for _ in range(200):
+                if plugin.registrations == 2:
+                    break
+                await asyncio.sleep(0.02)
+        assert plugin.registrations == 2 and runtime.connections == 4
+        failures = [entry["error"] for entry in logs if entry["event"] == "NRI reconnection failed"]
+        assert len(failures) == 2 and "INVALID_ARGUMENT" in failures[0] and "closed the connection" in failures[1]
+        await plugin.stop()

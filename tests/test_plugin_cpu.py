@@ -138,6 +138,9 @@ def remove(tree: FakeCgroup, parent: str, file: str, container_id: str | None = 
     (tree.dir(parent, container_id) / file).unlink()
 
 
+#: Koordinator's cpuBurstPercent for LS (its "cpuBurstOnly" policy); the default is 0 (policy "none").
+BURSTY = "cpu: {LS: {cfs_burst_percent: 1000}}"
+
 # --- pod level ------------------------------------------------------------------------------------
 
 
@@ -496,7 +499,7 @@ async def test_container_burst_is_skipped_where_the_file_is_missing(
     fs.set_cpu_quota(parent, 50000, container_id="c1")
     remove(tree, parent, burst_file(tree), container_id="c1")
     fs.writes.clear()
-    result = await make_runner().run(
+    result = await make_runner(BURSTY).run(
         STARTED, pod=make_pod(parent, uid="ls-3"), container=ContainerInfo(name="app", id="c1")
     )
     assert result.failures == [] and fs.writes == []
@@ -511,10 +514,10 @@ async def test_an_update_lowers_the_burst_before_the_quota_shrinks(
     fs.set_cpu_burst(parent, 100000, container_id="c1")
     pod = make_pod(parent, uid="ls-4")
     smaller = ContainerInfo(name="app", id="c1", resources=Resources(cpu_quota=30000, cpu_period=100000))
-    await make_runner().run(UPDATE, pod=pod, container=smaller)
+    await make_runner(BURSTY).run(UPDATE, pod=pod, container=smaller)
     assert int(tree.read(parent, burst_file(tree), container_id="c1")) == 30000
     larger = ContainerInfo(name="app", id="c1", resources=Resources(cpu_quota=300000, cpu_period=100000))
-    await make_runner().run(UPDATE, pod=pod, container=larger)  # raising waits for the Post hook
+    await make_runner(BURSTY).run(UPDATE, pod=pod, container=larger)  # raising waits for the Post hook
     assert int(tree.read(parent, burst_file(tree), container_id="c1")) == 30000
 
 
@@ -531,7 +534,7 @@ async def test_reconcile_repairs_drift_counts_it_and_leaves_settled_pods_alone(
     fs.set_cpu_quota(ls_parent, 100000)
     ls = make_pod(ls_parent, uid="ls-5", resources=Resources(cpu_quota=100000, cpu_period=100000))
     gone = make_pod(tree.pod_parent("gone", "burstable"), uid="gone")
-    runner = make_runner()
+    runner = make_runner(BURSTY)
     await runner.run(RUN, pod=be)
     await runner.run(RUN, pod=ls)
     assert fs.cpu_quota(be_parent) == (150000, 100000)
@@ -556,7 +559,9 @@ async def test_reconcile_repairs_drift_counts_it_and_leaves_settled_pods_alone(
 
     fs.writes.clear()
     log = _NullLog()
-    assert cpu.reconcile_pods(fs, [be, ls, gone], _policy_for, SECTION, log) == 0
+    assert cpu.plugin.settings_spec is not None
+    bursty = policy_from(BURSTY).section(cpu.plugin.settings_spec)  # the policy the runner ran with
+    assert cpu.reconcile_pods(fs, [be, ls, gone], bursty.for_class, SECTION, log) == 0
     assert fs.writes == []
 
 

@@ -17,8 +17,9 @@ describes differently is converted here:
 Answers (:func:`container_adjustment`, :func:`resources_update`) carry only what NRI 0.6.1
 can apply; everything else a plugin set is listed as not applied (``NotApplied``), never
 dropped silently: the caller logs and counts it. Not expressible in NRI 0.6.1: pod labels,
-annotations, resources and cgroup parent (pod events are notifications), the OOM score
-(``ContainerAdjustment`` has no such field before NRI 0.7), a swap limit of its own (NRI's
+annotations, resources and cgroup parent (pod events are notifications), the OOM score at an
+update (at creation it is written to the container's process instead: hooks/nri/oom.py;
+``ContainerAdjustment`` has no such field before NRI 0.7), a swap limit of its own (NRI's
 spec generator sets swap to the memory limit), environment values that are not UTF-8 (NRI
 carries strings), names and annotation keys starting with ``-`` (NRI reads them as
 "remove"), and, at UpdateContainer, environment and annotations.
@@ -129,8 +130,9 @@ def container_from_nri(container: Any, resources: Any | None = None) -> Containe
 # --- plugin answers -> NRI ------------------------------------------------------------------------
 
 
-def resources_to_nri(changes: ResourceChanges, not_applied: NotApplied) -> Any | None:
-    """The set fields of ``changes`` as an NRI LinuxResources (None when none applies)."""
+def resources_to_nri(changes: ResourceChanges, not_applied: NotApplied, *, oom_elsewhere: bool = False) -> Any | None:
+    """The set fields of ``changes`` as an NRI LinuxResources (None when none applies).
+    ``oom_elsewhere``: the caller applies the OOM score itself (at creation: hooks/nri/oom.py)."""
     message = nri_pb.LinuxResources()
     if changes.cpu_period:
         message.cpu.period.value = changes.cpu_period
@@ -148,8 +150,8 @@ def resources_to_nri(changes: ResourceChanges, not_applied: NotApplied) -> Any |
         nri_pb.HugepageLimit(page_size=h.page_size, limit=h.limit) for h in changes.hugepage_limits
     )
     message.unified.update(changes.unified)
-    if changes.oom_score_adj:
-        not_applied.add("resources.oom_score_adj", "NRI 0.6.1 adjustments carry no OOM score")
+    if changes.oom_score_adj and not oom_elsewhere:
+        not_applied.add("resources.oom_score_adj", "NRI 0.6.1 updates carry no OOM score")
     if changes.memory_swap_limit_in_bytes:
         not_applied.add("resources.memory_swap_limit_in_bytes", "NRI sets swap to the memory limit itself")
     return message if message.ByteSize() else None
@@ -178,12 +180,14 @@ def _annotations(annotations: Mapping[str, str], not_applied: NotApplied) -> dic
 
 
 def container_adjustment(response: HookResponse) -> tuple[Any, NotApplied]:
-    """A merged PreCreateContainer answer as a ContainerAdjustment, and what it could not carry."""
+    """A merged PreCreateContainer answer as a ContainerAdjustment, and what it could not carry.
+    Its OOM score is not in the adjustment (NRI 0.6.1 has no such field): the caller writes it
+    to the container's process once started (hooks/nri/oom.py)."""
     not_applied = NotApplied()
     adjust = nri_pb.ContainerAdjustment(
         annotations=_annotations(response.annotations, not_applied), env=_env_entries(response, not_applied)
     )
-    resources = resources_to_nri(response.resources, not_applied)
+    resources = resources_to_nri(response.resources, not_applied, oom_elsewhere=True)
     if resources is not None:
         adjust.linux.resources.CopyFrom(resources)
     if response.cgroup_parent:

@@ -3,7 +3,12 @@
 Through the proxy every hook point runs around its CRI call. Over NRI (containerd/nri 0.6.1)
 the runtime reports events instead; each runs the hook points below, in order. Two hook
 points have no NRI event and never run in NRI mode (:data:`NOT_IN_NRI` says why). NRI's
-RemoveContainer has no hook point of ours and is not subscribed.
+RemoveContainer has no hook point of ours and is not subscribed. PreCreateContainer also
+subscribes PostStartContainer: the OOM score its answer may set is written there
+(hooks/nri/oom.py).
+
+Notifications (:data:`DEFERRED`, "answer" none below) are answered at once and their hook points
+run afterwards, in the pod's order (hooks/nri/ordering.py); containerd waits for the others.
 
 ====================  ================================================  ==================
 NRI event             hook points                                       answer applied
@@ -31,7 +36,7 @@ from typing import Final
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 from runtimeproxy.dispatch.hookpoints import HookPoint
 
-__all__ = ["EVENT_NAMES", "EVENT_POINTS", "NOT_IN_NRI", "Mode", "event_mask", "events_for", "modes_of"]
+__all__ = ["DEFERRED", "EVENT_NAMES", "EVENT_POINTS", "NOT_IN_NRI", "Mode", "event_mask", "events_for", "modes_of"]
 
 
 class Mode(enum.StrEnum):
@@ -54,6 +59,26 @@ EVENT_POINTS: Final[Mapping[int, tuple[HookPoint, ...]]] = MappingProxyType(
         _E.POST_UPDATE_CONTAINER: (HookPoint.POST_UPDATE_CONTAINER_RESOURCES,),
         _E.STOP_CONTAINER: (HookPoint.POST_STOP_CONTAINER,),
     }
+)
+
+#: Events answered before their hook points run: containerd only logs an error answer to them
+#: (containerd 1.7 pkg/cri: "NRI post-start notification failed" and the like) and applies
+#: nothing of them, so nothing is lost by answering at once. RunPodSandbox and StartContainer
+#: stay in line: a "fail" plugin failing there fails the CRI call, as through the proxy.
+DEFERRED: Final = frozenset(
+    {
+        _E.STOP_POD_SANDBOX,
+        _E.REMOVE_POD_SANDBOX,
+        _E.POST_CREATE_CONTAINER,
+        _E.POST_START_CONTAINER,
+        _E.POST_UPDATE_CONTAINER,
+        _E.STOP_CONTAINER,
+    }
+)
+
+#: Events subscribed for a hook point beyond the one that runs it, and why.
+_IMPLIED: Final[Mapping[HookPoint, tuple[int, ...]]] = MappingProxyType(
+    {HookPoint.PRE_CREATE_CONTAINER: (_E.POST_START_CONTAINER,)}  # the OOM score (hooks/nri/oom.py)
 )
 
 #: NRI event number -> its name as NRI's docs and our logs and metrics write it.
@@ -83,9 +108,10 @@ NOT_IN_NRI: Final[Mapping[HookPoint, str]] = MappingProxyType(
 
 
 def events_for(points: Iterable[HookPoint]) -> list[int]:
-    """The NRI events that run at least one of ``points``, in event order."""
+    """The NRI events that run at least one of ``points`` or that they imply, in event order."""
     wanted = set(points)
-    return [event for event, run in EVENT_POINTS.items() if wanted & set(run)]
+    implied = {event for point in wanted for event in _IMPLIED.get(point, ())}
+    return [event for event, run in EVENT_POINTS.items() if wanted & set(run) or event in implied]
 
 
 def event_mask(points: Iterable[HookPoint]) -> int:

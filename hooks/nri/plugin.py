@@ -5,7 +5,16 @@ registers (Runtime.RegisterPlugin with our name and two-digit index; the runtime
 plugin 5 s for it) and waits until the runtime has configured (Configure: our event
 subscription) and synchronized it (Synchronize: the pods it has). Only then is the plugin
 in the runtime's list and does it get events; start() returns, or raises NriUnavailable /
-RpcError / TimeoutError with the reason, so ``serve`` refuses to start with a clear error.
+TimeoutError with the reason, so ``serve`` refuses to start with a clear error: NriUnavailable
+when the socket cannot be reached, the runtime refuses the registration (an invalid name or
+index) or closes the connection before Synchronize (NRI closes it when registration or
+Configure fails); TimeoutError naming what never came (the answer to RegisterPlugin, Configure,
+Synchronize).
+
+**Shutdown.** NRI 0.6.1 (containerd 1.7) never sends the Shutdown request: its Stop closes the
+listener and kills only the plugins it launched itself, and containerd stopping closes our
+connection. A runtime that does send it is logged, and the close that follows is reported as
+"the runtime shut NRI down"; either way the plugin reconnects.
 
 **Reconnecting.** When the connection ends -- the runtime restarts or shuts NRI down, or
 dropped us for a missed deadline -- the plugin connects and registers again, retrying
@@ -28,7 +37,7 @@ import structlog
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 
 from .connection import NriConnection, NriUnavailable, connect
-from .rpc import Method, RpcError
+from .rpc import Method, RpcError, StatusCode
 from .service import PLUGIN_SERVICE, RUNTIME_SERVICE, NriHooks
 
 __all__ = ["DEFAULT_PLUGIN_INDEX", "DEFAULT_PLUGIN_NAME", "NriPlugin", "NriSettings"]
@@ -64,9 +73,17 @@ class _Session:
     """One connection's progress through registration."""
 
     def __init__(self) -> None:
+        self.registered = False
         self.configured = asyncio.Event()
         self.synchronized = asyncio.Event()
         self.shutdown = False
+
+    @property
+    def awaited(self) -> str:
+        """What the runtime has not done yet, for an error message."""
+        if not self.registered:
+            return "no answer to RegisterPlugin"
+        return "no Synchronize" if self.configured.is_set() else "no Configure"
 
 
 async def _synchronized(session: _Session, connection: NriConnection) -> None:
@@ -118,6 +135,7 @@ class NriPlugin:
         if connection is not None:
             await connection.close()
         self.hooks.metrics.connected.set(0)
+        await self.hooks.close()  # notifications' hooks still running (hooks/nri/service.py)
 
     async def _connect(self) -> None:
         session = _Session()
@@ -130,14 +148,19 @@ class NriPlugin:
                 await connection.client.call(
                     RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString(), REGISTRATION_TIMEOUT
                 )
+                session.registered = True
                 await _synchronized(session, connection)
-        except TimeoutError:
+        except (TimeoutError, RpcError) as exc:
             await connection.close()
-            stage = "Synchronize" if session.configured.is_set() else "Configure"
-            raise TimeoutError(
-                f"NRI at {self.settings.socket} took our registration but sent no {stage} within "
-                f"{self.settings.ready_timeout:g}s"
-            ) from None
+            if isinstance(exc, RpcError) and exc.code != StatusCode.DEADLINE_EXCEEDED:
+                # refused (an invalid name or index), or the connection closed before the answer
+                raise NriUnavailable(
+                    errno.ECONNREFUSED, f"NRI at {self.settings.socket} did not register us: {exc}"
+                ) from None
+            waited = self.settings.ready_timeout
+            if not session.registered:
+                waited = min(waited, REGISTRATION_TIMEOUT)
+            raise TimeoutError(f"NRI at {self.settings.socket} sent {session.awaited} within {waited:g}s") from None
         except BaseException:
             await connection.close()
             raise

@@ -10,10 +10,24 @@ runtime sends its deadline with each request (ttrpc ``timeout_nano``); the plugi
 it less 50 ms. When they take longer the event is answered without changes, logged as an
 error and counted (outcome ``deadline``): the pod goes on and the plugin stays connected.
 
+**Notifications first, hooks after.** containerd waits for a plugin's answer to every event
+before its CRI call goes on (and holds one lock over all of its NRI calls). The events that are
+notifications (modes.DEFERRED: PostCreate/PostStart/PostUpdateContainer, StopContainer,
+StopPodSandbox, RemovePodSandbox) are answered at once and their hooks run afterwards.
+**Order** is kept per pod (hooks/nri/ordering.py): an event's hooks start only when the hooks
+of the pod's earlier events have finished, so a CreateContainer arriving while the previous
+container's PostStartContainer hooks still run waits for them -- within its own deadline, which
+counts from its arrival.
+
 **Failures.** A plugin with failure policy "fail" that fails makes the answer an error
 (INTERNAL, naming the plugin), which fails the CRI call in the runtime, as a "Fail"
-registration does through the proxy. Everything else a plugin does wrong is the runner's to
-log and count, as in proxy mode.
+registration does through the proxy -- at the events answered after their hooks. At a
+notification the runtime has been answered already (and containerd only logs an error answer
+to one): the failure is logged as an error and counted (outcome ``failed``). Everything else a
+plugin does wrong is the runner's to log and count, as in proxy mode.
+
+**The OOM score** a PreCreateContainer answer sets is written to the container's process at
+PostStartContainer (hooks/nri/oom.py): NRI 0.6.1 cannot carry it.
 
 **What NRI cannot apply** of an answer is logged (warning, with the field and why) and counted
 in ``runtimehooks_nri_not_applied_total``; see hooks/nri/mapping.py.
@@ -27,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
@@ -47,7 +62,9 @@ from .mapping import (
     resources_update,
 )
 from .metrics import NriMetrics
-from .modes import EVENT_NAMES, EVENT_POINTS, event_mask
+from .modes import DEFERRED, EVENT_NAMES, EVENT_POINTS, event_mask
+from .oom import OomNotApplied, OomScores
+from .ordering import PodQueues
 from .rpc import Method, RpcError, StatusCode
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "PLUGIN_SERVICE", "RUNTIME_SERVICE", "NriHooks", "SyncCallback"]
@@ -79,11 +96,14 @@ class NriHooks:
         *,
         on_synchronize: SyncCallback | None = None,
         on_shutdown: Callable[[], None] | None = None,
+        oom: OomScores | None = None,
     ) -> None:
         self.runner = runner
         self.metrics = metrics if metrics is not None else NriMetrics()
         self.on_synchronize = on_synchronize
         self.on_shutdown = on_shutdown
+        self.oom = oom if oom is not None else OomScores()
+        self.queues = PodQueues()
 
     def methods(self) -> dict[tuple[str, str], Method]:
         handlers: dict[str, Method] = {
@@ -135,9 +155,10 @@ class NriHooks:
     async def create_container(self, payload: bytes, timeout: float | None) -> bytes:
         request = _decode(nri_pb.CreateContainerRequest, payload)
         answer = nri_pb.CreateContainerResponse()
-        response = await self._handle(nri_pb.CREATE_CONTAINER, request.pod, request.container, timeout)
+        response = await self._in_line(_Event.of(nri_pb.CREATE_CONTAINER, request.pod, request.container, timeout))
         if response is not None:
             adjust, not_applied = container_adjustment(response)
+            self._remember_oom(request.container, response.resources.oom_score_adj, not_applied)
             self._report(nri_pb.CREATE_CONTAINER, request.container, not_applied)
             answer.adjust.CopyFrom(adjust)
         return bytes(answer.SerializeToString())
@@ -146,7 +167,8 @@ class NriHooks:
         request = _decode(nri_pb.UpdateContainerRequest, payload)
         answer = nri_pb.UpdateContainerResponse()
         resources = request.linux_resources if request.HasField("linux_resources") else None
-        response = await self._handle(nri_pb.UPDATE_CONTAINER, request.pod, request.container, timeout, resources)
+        event = _Event.of(nri_pb.UPDATE_CONTAINER, request.pod, request.container, timeout, resources)
+        response = await self._in_line(event)
         if response is not None:
             updates, not_applied = resources_update(request.container.id, response)
             self._report(nri_pb.UPDATE_CONTAINER, request.container, not_applied)
@@ -155,37 +177,64 @@ class NriHooks:
 
     async def stop_container(self, payload: bytes, timeout: float | None) -> bytes:
         request = _decode(nri_pb.StopContainerRequest, payload)
-        await self._handle(nri_pb.STOP_CONTAINER, request.pod, request.container, timeout)
+        self.oom.forget(request.container.id)  # never started, or started long ago
+        self._later(_Event.of(nri_pb.STOP_CONTAINER, request.pod, request.container, timeout))
         return bytes(nri_pb.StopContainerResponse().SerializeToString())
 
     async def state_change(self, payload: bytes, timeout: float | None) -> bytes:
-        event = _decode(nri_pb.StateChangeEvent, payload)
-        if event.event not in EVENT_POINTS:
-            log.debug("NRI event with no hook point ignored", nri_event=EVENT_NAMES.get(event.event, event.event))
+        message = _decode(nri_pb.StateChangeEvent, payload)
+        if message.event not in EVENT_POINTS:
+            log.debug("NRI event with no hook point ignored", nri_event=EVENT_NAMES.get(message.event, message.event))
             return bytes(nri_pb.Empty().SerializeToString())
-        container = event.container if event.HasField("container") else None
-        await self._handle(event.event, event.pod, container, timeout)
+        container = message.container if message.HasField("container") else None
+        event = _Event.of(message.event, message.pod, container, timeout)
+        if message.event in DEFERRED:
+            self._later(event)
+        else:
+            await self._in_line(event)
         return bytes(nri_pb.Empty().SerializeToString())
 
-    async def _handle(
-        self, event: int, pod_message: Any, container_message: Any | None, timeout: float | None, resources: Any = None
-    ) -> HookResponse | None:
+    async def close(self, grace: float = DEFAULT_REQUEST_TIMEOUT) -> None:
+        """The plugin stops: the hooks of events still queued or running get ``grace`` seconds
+        (their own deadlines end sooner), then are cancelled."""
+        try:
+            async with asyncio.timeout(grace):
+                await self.queues.drain()
+        except TimeoutError:
+            log.warning("NRI event hooks still running at stop cancelled", pods=len(self.queues))
+            await self.queues.cancel()
+
+    def _in_line(self, event: _Event) -> asyncio.Task[HookResponse | None]:
+        """The event's hooks, after the pod's earlier events' hooks, for the caller to answer with.
+        Called before any await of the caller's, so that the pod's events keep their order."""
+        return self.queues.submit(event.pod.id, lambda: self._handle(event))
+
+    def _later(self, event: _Event) -> None:
+        """A notification: its hooks run after the pod's earlier ones; the runtime is answered now."""
+        self.queues.submit(event.pod.id, lambda: self._notified(event))
+
+    async def _notified(self, event: _Event) -> None:
+        """A notification's hooks; no one waits for their outcome, so it is logged and counted here."""
+        try:
+            await self._handle(event)
+        except RpcError as exc:  # a "fail" plugin failed: the runtime only logs that of a notification
+            log.error("a plugin failed at an NRI notification answered already", error=exc.message, **event.bound)
+        except Exception:  # a bug must not go unseen, nor stop the pod's queue
+            log.exception("NRI notification hooks failed", **event.bound)
+        if event.event == nri_pb.POST_START_CONTAINER and event.container is not None:
+            self._apply_oom(event)
+
+    async def _handle(self, event: _Event) -> HookResponse | None:
         """Run the event's hook points; the answer of the one that has an answer (None: nothing to apply)."""
-        name = EVENT_NAMES[event]
-        points = [point for point in EVENT_POINTS[event] if point in self.runner.hook_points]
+        points = [point for point in EVENT_POINTS[event.event] if point in self.runner.hook_points]
         if not points:
             return None
-        began = time.perf_counter()
-        pod = pod_from_nri(pod_message)
-        container = container_from_nri(container_message, resources) if container_message is not None else None
-        bound = {"nri_event": name, "pod": f"{pod.namespace}/{pod.name}"}
-        if container is not None:
-            bound["container"] = container.name
-        budget = _budget(timeout)
+        pod = pod_from_nri(event.pod)
+        container = container_from_nri(event.container, event.resources) if event.container is not None else None
         answer: HookResponse | None = None
         outcome = "error"
         try:
-            async with asyncio.timeout(budget):
+            async with asyncio.timeout_at(event.deadline):
                 for point in points:
                     result = await self.runner.run(
                         point, pod=pod, container=container if point.kind is HookKind.CONTAINER else None
@@ -193,25 +242,53 @@ class NriHooks:
                     if point in _ANSWERED:
                         answer = result.response
                     elif point in _POD_ANSWERS:
-                        self._report(event, None, pod_response_not_applied(result.response), bound)
+                        self._report(event.event, None, pod_response_not_applied(result.response), event.bound)
             outcome = "ok"
         except HookCallFailed as exc:
             outcome = "failed"
             raise RpcError(StatusCode.INTERNAL, f"runtime-hooks: {exc}") from None
         except TimeoutError:
             outcome, answer = "deadline", None
-            log.error("plugins missed NRI's deadline; answered without changes", budget_s=round(budget, 3), **bound)
+            log.error("plugins missed NRI's deadline; answered without changes", budget_s=event.budget, **event.bound)
         finally:
-            seconds = time.perf_counter() - began
-            self.metrics.record(name, outcome, seconds)
+            seconds = time.perf_counter() - event.arrived
+            self.metrics.record(event.name, outcome, seconds)
             log.info(
                 "NRI event handled",
                 hooks=[p.value for p in points],
                 outcome=outcome,
                 seconds=round(seconds, 6),
-                **bound,
+                answered="before the hooks" if event.event in DEFERRED else "after the hooks",
+                **event.bound,
             )
         return answer
+
+    # -- the OOM score (hooks/nri/oom.py) --
+
+    def _remember_oom(self, container: Any, value: int, not_applied: NotApplied) -> None:
+        if not value:
+            return
+        try:
+            dropped = self.oom.remember(container.id, value)
+        except ValueError as exc:
+            not_applied.add("resources.oom_score_adj", str(exc))
+            return
+        for container_id in dropped:
+            log.warning("OOM score of a container that never started forgotten", container_id=container_id)
+
+    def _apply_oom(self, event: _Event) -> None:
+        container = event.container
+        assert container is not None  # PostStartContainer always names its container
+        try:
+            applied = self.oom.apply(container.id, container.pid)
+        except OomNotApplied as exc:
+            not_applied = NotApplied()
+            not_applied.add("resources.oom_score_adj", str(exc))
+            self._report(event.event, container, not_applied, event.bound)
+            return
+        if applied is not None:
+            what = "oom_score_adj raised" if applied.raised else "oom_score_adj already as high; left"
+            log.info(what, pid=applied.pid, before=applied.before, after=applied.after, **event.bound)
 
     def _report(
         self, event: int, container: Any | None, not_applied: NotApplied, bound: Mapping[str, str] | None = None
@@ -228,6 +305,37 @@ class NriHooks:
             fields=[f"{name}: {why}" for name, why in not_applied.fields],
             **where,
         )
+
+
+@dataclass(frozen=True)
+class _Event:
+    """One NRI event as it arrived: its messages, when, and the deadline for its hooks."""
+
+    event: int
+    pod: Any
+    container: Any | None
+    resources: Any | None
+    arrived: float  # time.perf_counter()
+    deadline: float  # the loop's clock
+    budget: float
+
+    @classmethod
+    def of(cls, event: int, pod: Any, container: Any | None, timeout: float | None, resources: Any = None) -> _Event:
+        budget = _budget(timeout)
+        deadline = asyncio.get_running_loop().time() + budget
+        return cls(event, pod, container, resources, time.perf_counter(), deadline, round(budget, 3))
+
+    @property
+    def name(self) -> str:
+        return EVENT_NAMES[self.event]
+
+    @property
+    def bound(self) -> dict[str, str]:
+        """What each log line about the event names."""
+        bound = {"nri_event": self.name, "pod": f"{self.pod.namespace}/{self.pod.name}"}
+        if self.container is not None:
+            bound["container"] = self.container.name
+        return bound
 
 
 def _budget(timeout: float | None) -> float:

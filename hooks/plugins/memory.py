@@ -111,8 +111,8 @@ from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, Resources, qos_of
 from ..settings import boolean, choice, integer, parsed_by, percent
 from . import batch_memory
-from .oom_score import oom_score_adj_for
 from .cpu import ensure_pod_cgroup
+from .oom_score import oom_score_adj_for
 
 __all__ = [
     "BE_OOM_SCORE_ADJ",

@@ -32,6 +32,7 @@ MIB = 1024 * 1024
 
 POLICY = f"""
 cpu:
+  LS: {{cfs_burst_percent: 1000}}
   BE: {{cpu_idle: true}}
 memory:
   LS: {{min_percent: 50, low_percent: 100, throttling_percent: 80}}

@@ -1,0 +1,111 @@
+"""The OOM score in NRI mode: what a PreCreateContainer answer asks for, written to the container's process.
+
+NRI 0.6.1's ContainerAdjustment has no OOM score (``LinuxContainerAdjustment.oom_score_adj``
+arrived in NRI 0.7), so the value a plugin sets at PreCreateContainer is remembered here by
+container id and written at PostStartContainer to ``/proc/<pid>/oom_score_adj`` of the
+container's process, whose host pid NRI gives in ``Container.pid``. As the memory plugin asks
+and as the proxy applies it, a value is only ever raised, never lowered (proc(5): the file holds
+one integer, -1000..1000; raising needs no privilege, lowering CAP_SYS_RESOURCE).
+
+Before writing, the process must still be in the container's cgroup (``/proc/<pid>/cgroup``
+names the container id under both cgroup drivers): a pid that exited and was reused by another
+process is never touched. Processes the container forked before PostStartContainer keep the
+value they had (the kernel copies oom_score_adj at fork); its later children inherit ours.
+
+Every outcome other than "raised" or "already as high" is an :class:`OomNotApplied` naming the
+cause, for the caller to log and count. Entries for containers that never start are dropped at
+StopContainer (:meth:`OomScores.forget`), and at most ``limit`` are kept (the oldest go first).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+__all__ = ["OOM_SCORE_ADJ_MAX", "OOM_SCORE_ADJ_MIN", "OomApplied", "OomNotApplied", "OomScores"]
+
+OOM_SCORE_ADJ_MIN: Final = -1000
+OOM_SCORE_ADJ_MAX: Final = 1000
+_DEFAULT_LIMIT: Final = 4096
+
+
+class OomNotApplied(Exception):
+    """The remembered OOM score could not be written; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class OomApplied:
+    """What was found and left: ``after`` > ``before`` when written, equal when already as high."""
+
+    pid: int
+    before: int
+    after: int
+
+    @property
+    def raised(self) -> bool:
+        return self.after > self.before
+
+
+class OomScores:
+    """Remembered OOM scores by container id, applied to processes under ``proc_root``; see the module doc."""
+
+    def __init__(self, proc_root: str | Path = "/proc", limit: int = _DEFAULT_LIMIT) -> None:
+        self.proc_root = Path(proc_root)
+        self.limit = limit
+        self._pending: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def remember(self, container_id: str, value: int) -> list[str]:
+        """Apply ``value`` when ``container_id`` starts; ValueError outside -1000..1000 or without an id.
+        The ids pushed out by ``limit`` (containers that never started), to be logged."""
+        if not container_id:
+            raise ValueError("no container id to remember an OOM score for")
+        if not OOM_SCORE_ADJ_MIN <= value <= OOM_SCORE_ADJ_MAX:
+            raise ValueError(f"oom_score_adj {value} is outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}")
+        self._pending[container_id] = value
+        self._pending.move_to_end(container_id)
+        dropped = []
+        while len(self._pending) > self.limit:
+            dropped.append(self._pending.popitem(last=False)[0])
+        return dropped
+
+    def forget(self, container_id: str) -> int | None:
+        """Drop what was remembered for ``container_id`` (it stopped); the value, or None."""
+        return self._pending.pop(container_id, None)
+
+    def apply(self, container_id: str, pid: int) -> OomApplied | None:
+        """Raise the OOM score of ``pid`` (``container_id``'s process) to the remembered value.
+        None when nothing was remembered; OomNotApplied with the cause when it cannot be done."""
+        target = self._pending.pop(container_id, None)
+        if target is None:
+            return None
+        if pid <= 0:
+            raise OomNotApplied("the runtime gave no pid for the container")
+        process = self.proc_root / str(pid)
+        try:
+            if container_id not in (process / "cgroup").read_text():
+                raise OomNotApplied(f"process {pid} is not in the container's cgroup (it exited; the pid was reused)")
+            current = _parse((process / "oom_score_adj").read_text(), pid)
+            if current < target:
+                (process / "oom_score_adj").write_text(f"{target}\n")
+        except FileNotFoundError:
+            raise OomNotApplied(f"process {pid} is gone (the container exited)") from None
+        except ProcessLookupError:  # ESRCH on a write: the process exited in between
+            raise OomNotApplied(f"process {pid} is gone (the container exited)") from None
+        except OSError as exc:
+            raise OomNotApplied(f"/proc/{pid}/oom_score_adj: {exc.strerror or exc}") from None
+        return OomApplied(pid, current, max(current, target))
+
+
+def _parse(text: str, pid: int) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise OomNotApplied(f"/proc/{pid}/oom_score_adj holds {text.strip()[:40]!r}, not an integer") from None
+    if not OOM_SCORE_ADJ_MIN <= value <= OOM_SCORE_ADJ_MAX:
+        raise OomNotApplied(f"/proc/{pid}/oom_score_adj holds {value}, outside -1000..1000")
+    return value
