@@ -2,7 +2,8 @@
 
 ttrpc framing (ttrpc.py), NRI's connection multiplexing (mux.py), unary ttrpc endpoints
 (rpc.py), the socket connection (connection.py), registration and reconnection (plugin.py),
-the Plugin service answered by the plugin runner (service.py), NRI data as the plugins see it
-(mapping.py), which hook points run in which mode (modes.py), metrics (metrics.py), what
-`serve` starts (serving.py).
+the Plugin service answered by the plugin runner (service.py), per-pod order for
+notifications answered before their hooks run (ordering.py), the OOM score written to the
+started container's process (oom.py), NRI data as the plugins see it (mapping.py), which hook
+points run in which mode (modes.py), metrics (metrics.py), what `serve` starts (serving.py).
 """
