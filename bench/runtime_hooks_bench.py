@@ -46,7 +46,7 @@ from runtimeproxy.hooks.definition import Handler, Plugin
 from runtimeproxy.hooks.discovery import discover_plugins
 from runtimeproxy.hooks.plugins.resctrl import LAYOUTS, plan_groups
 from runtimeproxy.hooks.plugins.resctrl import plugin as resctrl_plugin
-from runtimeproxy.hooks.policy import load_policy
+from runtimeproxy.hooks.policy import Specs, load_policy
 from runtimeproxy.hooks.resctrl import ResctrlFS, ResctrlInfo
 from runtimeproxy.hooks.runner import PluginRunner
 from runtimeproxy.hooks.server import (
@@ -172,6 +172,11 @@ def scratch_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def installed_specs() -> Specs:
+    """The policy sections of the installed plugins, as `runtime-hooks serve` reads its policy with."""
+    return {p.settings_spec.name: p.settings_spec for p in discover_plugins().plugins if p.settings_spec is not None}
+
+
 def fake_resctrl(root: Path, policy: Path) -> Path:
     """A fake resctrl mount (2 L3 caches of 11 ways, MBA, 16 CLOSIDs) with the plugin's three
     groups made by the fake kernel. The server writes this tree with plain write(2)s (it has
@@ -185,7 +190,7 @@ def fake_resctrl(root: Path, policy: Path) -> Path:
         fake.mkdir(root / name)
     spec = resctrl_plugin.settings_spec
     assert spec is not None
-    section = load_policy(policy, specs={spec.name: spec}).section(spec)
+    section = load_policy(policy, specs=installed_specs()).section(spec)
     plan = plan_groups(ResctrlInfo.from_root(root), section.for_class, 3)
     for group in plan.groups:
         (root / group.name / "schemata").write_text(group.schemata)
@@ -467,7 +472,7 @@ async def _breakdown(args: argparse.Namespace, scratch: Path, policy_path: Path)
     resctrl_root = fake_resctrl(scratch / "resctrl-inproc", policy_path)
     pods = fake_pods(tree, args.pool)
     requests = hook_requests(pods, IMAGE)
-    policy = load_policy(policy_path)
+    policy = load_policy(policy_path, specs=installed_specs())
     clock = Clock()
     cgroups, resctrl = CgroupFS(str(tree.root), "cgroupfs"), ResctrlFS(resctrl_root)
     # Path checks: every cgroup and resctrl path is resolved (os.path.realpath) and checked to

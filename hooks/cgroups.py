@@ -75,11 +75,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
 import structlog
 
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
+from runtimeproxy.dispatch.merge import CgroupForm
 
 __all__ = [
     "CGROUP_ROOT",
@@ -109,7 +110,7 @@ log = structlog.get_logger("runtimeproxy.hooks.cgroups")
 
 CGROUP_ROOT: Final = "/sys/fs/cgroup"
 
-CgroupDriver = Literal["cgroupfs", "systemd"]
+CgroupDriver = CgroupForm  # kubelet's --cgroup-driver is the form of the cgroup names it makes
 DRIVERS: Final[tuple[CgroupDriver, ...]] = ("cgroupfs", "systemd")
 
 # kubelet's bounds for cpu.shares (pkg/kubelet/cm: MinShares, MaxShares).

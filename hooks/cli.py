@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -26,7 +27,12 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from runtimeproxy import __version__
-from runtimeproxy.cli_options import logging_options, max_message_size_option, metrics_address_option
+from runtimeproxy.cli_options import (
+    hook_config_dir_option,
+    logging_options,
+    max_message_size_option,
+    metrics_address_option,
+)
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
@@ -46,7 +52,6 @@ from .runner import HookCallFailed, PluginRunner
 from .server import (
     DEFAULT_DEREGISTER_GRACE,
     DEFAULT_ENDPOINT,
-    DEFAULT_HOOK_CONFIG_DIR,
     RuntimeHooksServer,
     ServerSettings,
 )
@@ -155,13 +160,8 @@ _resctrl_root_option = click.option(
     show_envvar=True,
     help="Unix socket to serve on (a path, or unix:///path).",
 )
-@click.option(
-    "--hook-config-dir",
-    type=click.Path(file_okay=False),
-    default=DEFAULT_HOOK_CONFIG_DIR,
-    show_default=True,
-    show_envvar=True,
-    help="The proxy's hook config directory; runtime-hooks.json is written there while serving. Empty: none.",
+@hook_config_dir_option(
+    "The proxy's hook config directory; runtime-hooks.json is written there while serving. Empty: none."
 )
 @_cgroup_root_option
 @_cgroup_driver_option
@@ -342,31 +342,20 @@ def _fan_out(listeners: list[Callable[[Policy], object]]) -> Callable[[Policy], 
     return changed
 
 
+@dataclass
 class _Serving:
     """What _serve needs: the runner and server settings, the policy watcher and its
     listeners, metrics, the runtime the reconciler reads ("" for none), and the systemd sync."""
 
-    def __init__(
-        self,
-        runner: PluginRunner,
-        settings: ServerSettings,
-        watcher: PolicyWatcher | None,
-        policy_listeners: list[Callable[[Policy], object]],
-        registry: CollectorRegistry,
-        metrics_address: str,
-        runtime_endpoint: str,
-        systemd: SystemdSync | None = None,
-        nri: NriSettings | None = None,
-    ) -> None:
-        self.runner = runner
-        self.settings = settings
-        self.watcher = watcher
-        self.policy_listeners = policy_listeners
-        self.registry = registry
-        self.metrics_address = metrics_address
-        self.runtime_endpoint = runtime_endpoint
-        self.systemd = systemd
-        self.nri = nri
+    runner: PluginRunner
+    settings: ServerSettings
+    watcher: PolicyWatcher | None
+    policy_listeners: list[Callable[[Policy], object]]
+    registry: CollectorRegistry
+    metrics_address: str
+    runtime_endpoint: str
+    systemd: SystemdSync | None = None
+    nri: NriSettings | None = None
 
 
 def _start_reconciler(serving: _Serving) -> Reconciler | None:

@@ -744,10 +744,17 @@ def _memory_reasons(policy: Policy, qos: QoSClass, version: CgroupVersion | None
         reasons.append(f"memory.{qos.value}.batch_memory_limit is false: no limit from batch-memory")
     else:
         reasons.append("no batch-memory limit in the pod's annotation, or it is not tighter than the current limit")
-    if qos is not QoSClass.BE:
-        reasons.append(f"the OOM order is raised for BE only, the pod is {qos.value}")
-    elif besteffort:
-        reasons.append("kubelet already gives BestEffort containers oom_score_adj 1000")
+    if entry.pod_oom_score_adj:
+        reasons.append(
+            f"memory.{qos.value}.pod_oom_score_adj is true, but no koordinator.sh/oom-score-adj(-spec) value"
+            " applies to the container (none, refused, out of range, or 0)"
+        )
+    else:
+        switch = f"memory.{qos.value}.pod_oom_score_adj is false: the pod's oom-score-adj annotations are not read"
+        if qos is not QoSClass.BE:
+            reasons.append(f"the OOM order is raised for BE only, the pod is {qos.value}; {switch}")
+        elif besteffort:
+            reasons.append(f"kubelet already gives BestEffort containers oom_score_adj 1000; {switch}")
     return reasons
 
 

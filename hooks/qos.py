@@ -57,8 +57,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final, Literal
 
-from runtimeproxy.api.runtime.v1 import api_pb2 as cri
-from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
+from runtimeproxy.dispatch.limits import Resources as ResourcesMessage  # either API's resources message
 
 __all__ = [
     "KATALYST_MEMORY_ENHANCEMENT_ANNOTATION",
@@ -90,7 +89,6 @@ Source = Literal[
     "koordinator-label", "katalyst-annotation", "kubernetes-cgroup-parent", "kubernetes-resources", "default"
 ]
 KubernetesQoS = Literal["Guaranteed", "Burstable", "BestEffort"]
-ResourcesMessage = hook.LinuxContainerResources | cri.LinuxContainerResources
 
 # koordinator-sh/koordinator apis/extension/constants.go: LabelPodQoS = DomainPrefix + "qosClass".
 KOORDINATOR_QOS_LABEL: Final = "koordinator.sh/qosClass"

@@ -60,6 +60,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.dispatch.store import (
+    RUNTIME_DOWN,
     ContainerEntry,
     RuntimeLoader,
     SandboxEntry,
@@ -70,7 +71,6 @@ from runtimeproxy.dispatch.store import (
 )
 from runtimeproxy.h2client import status_of
 from runtimeproxy.metrics import DURATION_BUCKETS
-from runtimeproxy.relay.grpc_wire import StatusCode
 
 from .convert import resources_from_proto
 from .policy import Policy
@@ -95,10 +95,9 @@ DEFAULT_RUNTIME_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
 
 # Containers that have a cgroup: created (runc made it) or running. Exited ones are left alone.
 _LIVE_CONTAINER_STATES: Final = frozenset({pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING})
-# Status errors meaning "the runtime is not answering": the round fails rather than settling for list data.
-_DOWN: Final = frozenset({StatusCode.UNAVAILABLE, StatusCode.CANCELLED})
 
 _T = TypeVar("_T")
+_E = TypeVar("_E", SandboxEntry, ContainerEntry)
 
 
 # --- the live pods --------------------------------------------------------------------------------
@@ -194,30 +193,30 @@ async def _bounded(gate: asyncio.Semaphore, work: Awaitable[_T]) -> _T:
 
 
 async def _load_sandbox(loader: RuntimeLoader, item: pb.PodSandbox) -> SandboxEntry | UnreadableObjectError | None:
-    try:
-        return await loader.load_sandbox(item.id)  # None: removed since it was listed
-    except UnreadableObjectError as exc:  # reported by the loader
-        return exc
-    except Exception as exc:
-        if status_of(exc) in _DOWN | {None}:  # runtime down, or no call's status at all
-            raise
-        log.warning("sandbox status failed; using list data only", id=item.id, error=describe_error(exc))
-        return sandbox_from_list_item(item)
+    return await _load_listed("sandbox", loader.load_sandbox(item.id), item, sandbox_from_list_item)
 
 
 async def _load_container(loader: RuntimeLoader, item: pb.Container) -> ContainerEntry | UnreadableObjectError | None:
+    entry = await _load_listed("container", loader.load_container(item.id), item, container_from_list_item)
+    if isinstance(entry, ContainerEntry) and not entry.sandbox_id:
+        entry.sandbox_id = item.pod_sandbox_id
+    return entry
+
+
+async def _load_listed(
+    kind: str, load: Awaitable[_E | None], item: Any, from_list: Callable[[Any], _E]
+) -> _E | UnreadableObjectError | None:
+    """What ``load`` gives (None: removed since it was listed), the error when it cannot be
+    decoded, or ``item``'s list data when its status call failed while the runtime answers."""
     try:
-        entry = await loader.load_container(item.id)
+        return await load
     except UnreadableObjectError as exc:  # reported by the loader
         return exc
     except Exception as exc:
-        if status_of(exc) in _DOWN | {None}:  # runtime down, or no call's status at all
+        if status_of(exc) in RUNTIME_DOWN | {None}:  # runtime down, or no call's status at all
             raise
-        log.warning("container status failed; using list data only", id=item.id, error=describe_error(exc))
-        return container_from_list_item(item)
-    if entry is not None and not entry.sandbox_id:
-        entry.sandbox_id = item.pod_sandbox_id
-    return entry
+        log.warning(f"{kind} status failed; using list data only", id=item.id, error=describe_error(exc))
+        return from_list(item)
 
 
 # --- metrics ---------------------------------------------------------------------------------------

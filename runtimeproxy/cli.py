@@ -7,7 +7,8 @@ import importlib
 import os
 import signal
 import sys
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 import click
 import structlog
@@ -15,6 +16,7 @@ import uvloop
 
 import runtimeproxy
 from runtimeproxy.cli_options import (
+    hook_config_dir_option,
     logging_options,
     max_message_size_option,
     metrics_address_option,
@@ -36,6 +38,7 @@ log = structlog.get_logger("runtimeproxy.cli")
 # Free heap pages go back to the kernel this often (and once when ready): start-up and bursts of
 # large requests leave some inside the heap, where glibc keeps them otherwise.
 TRIM_INTERVAL = 30.0
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _endpoint_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -45,6 +48,19 @@ def _endpoint_option(ctx: click.Context, param: click.Parameter, value: str | No
         return socket_path(value)
     except EndpointError as exc:
         raise click.BadParameter(str(exc)) from exc
+
+
+def _socket_option(flag: str, default: str | None, help_text: str) -> Callable[[_F], _F]:
+    """A unix socket option (a path or unix:///path, taken as the path); its default shown
+    when it has one."""
+    return click.option(
+        flag,
+        callback=_endpoint_option,
+        default=default,
+        show_default=default is not None,
+        show_envvar=True,
+        help=help_text,
+    )
 
 
 class LazyGroup(click.Group):
@@ -95,37 +111,20 @@ def cli() -> None:
 
 # Each option of serve reads RUNTIME_PROXY_<OPTION>, e.g. RUNTIME_PROXY_ENDPOINT.
 @cli.command(context_settings={"auto_envvar_prefix": "RUNTIME_PROXY"})
-@click.option(
+@_socket_option(
     "--endpoint",
-    callback=_endpoint_option,
-    default="/var/run/runtimeproxy/runtimeproxy.sock",
-    show_default=True,
-    show_envvar=True,
-    help="Unix socket the proxy serves; point kubelet's --container-runtime-endpoint here.",
+    "/var/run/runtimeproxy/runtimeproxy.sock",
+    "Unix socket the proxy serves; point kubelet's --container-runtime-endpoint here.",
 )
-@click.option(
-    "--remote-runtime-endpoint",
-    callback=_endpoint_option,
-    default="unix:///run/containerd/containerd.sock",
-    show_default=True,
-    show_envvar=True,
-    help="The container runtime's CRI socket.",
+@_socket_option(
+    "--remote-runtime-endpoint", "unix:///run/containerd/containerd.sock", "The container runtime's CRI socket."
 )
-@click.option(
+@_socket_option(
     "--remote-image-endpoint",
-    callback=_endpoint_option,
-    default=None,
-    show_envvar=True,
-    help="The image service's CRI socket, when it is not the runtime's.  [default: the runtime endpoint]",
+    None,
+    "The image service's CRI socket, when it is not the runtime's.  [default: the runtime endpoint]",
 )
-@click.option(
-    "--hook-config-dir",
-    type=click.Path(file_okay=False),
-    default="/etc/runtime/hookserver.d",
-    show_default=True,
-    show_envvar=True,
-    help="Directory of hook server registration files.",
-)
+@hook_config_dir_option("Directory of hook server registration files.")
 @click.option(
     "--skip-hook-label",
     default=f"{DEFAULT_SKIP_LABEL}=true",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 
@@ -12,6 +12,9 @@ from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE, MIN_MESSAGE_SIZE
 from runtimeproxy.logs import FORMATS
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+# Where hook servers register and the proxy reads their registrations.
+DEFAULT_HOOK_CONFIG_DIR: Final = "/etc/runtime/hookserver.d"
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]i?)?B?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
@@ -53,6 +56,19 @@ def max_message_size_option(help_text: str) -> Callable[[_F], _F]:
         callback=_message_size,
         default=str(DEFAULT_MAX_MESSAGE_SIZE),
         show_default="16Mi",
+        show_envvar=True,
+        help=help_text,
+    )
+
+
+def hook_config_dir_option(help_text: str) -> Callable[[_F], _F]:
+    """--hook-config-dir: the same option and default in both daemons, so that runtime-hooks
+    registers where the proxy looks."""
+    return click.option(
+        "--hook-config-dir",
+        type=click.Path(file_okay=False),
+        default=DEFAULT_HOOK_CONFIG_DIR,
+        show_default=True,
         show_envvar=True,
         help=help_text,
     )

@@ -13,6 +13,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from runtimeproxy.relay.grpc_wire import code_name  # re-exported: the proxy labels calls by it
+
 __all__ = [
     "DURATION_BUCKETS",
     "CallMetrics",
@@ -29,21 +31,6 @@ DURATION_BUCKETS: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
-
-# gRPC status codes by number (fixed by the gRPC spec); names match grpc.StatusCode.
-_CODE_NAMES: tuple[str, ...] = (
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-    "UNAUTHENTICATED",
-)  # fmt: skip
-
-
-def code_name(code: int) -> str:
-    """gRPC code name for a status number; unknown numbers become their decimal string."""
-    if 0 <= code < len(_CODE_NAMES):
-        return _CODE_NAMES[code]
-    return str(code)
 
 
 class CallMetrics:

@@ -2,13 +2,17 @@
 end-to-end tests: `ProxyAndHooks` lays them out in one temporary directory and starts them.
 
 The process helpers (`Daemon`, `eventually`, ...) live in runtimeproxy/testbed/daemons.py, shared
-with the benchmarks; they are re-exported here for the tests.
+with the benchmarks; they are re-exported here for the tests. `spawn_hooks_serve` starts a bare
+``runtime-hooks serve`` configured by its environment alone, for tests that talk to it directly.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from runtimeproxy.testbed import Containerd
@@ -16,7 +20,16 @@ from runtimeproxy.testbed.daemons import DROP_ENV, STOP_TIMEOUT, Daemon, eventua
 from runtimeproxy.testbed.podcgroups import remove_pod_cgroups
 from runtimeproxy.testbed.serve_args import hooks_serve_args, proxy_serve_args
 
-__all__ = ["DROP_ENV", "Daemon", "ProxyAndHooks", "eventually"]
+__all__ = ["DROP_ENV", "HOOKS_CLI", "Daemon", "ProxyAndHooks", "eventually", "spawn_hooks_serve"]
+
+# runtime-hooks from this interpreter's package, not an installed script (it may be older).
+HOOKS_CLI = [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()"]
+
+
+def spawn_hooks_serve(env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """``runtime-hooks serve`` whose settings are all in ``env`` (its whole environment), its
+    output piped as text; the caller stops it."""
+    return subprocess.Popen([*HOOKS_CLI, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 class ProxyAndHooks:

@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import hpack
 from google.protobuf.message import Message
+from unix_server import UnixServer
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as pb_grpc
@@ -417,20 +418,15 @@ class ProxyUnderTest:
         await self.stop()
 
 
-class RawServer:
+class RawServer(UnixServer):
     """A grpc.aio server on a unix socket whose handlers take and return raw bytes (no
     (de)serializers), for answering what no well-behaved server would."""
-
-    def __init__(self, socket: str) -> None:
-        self.socket = socket
-        self._server: grpc.aio.Server | None = None
 
     def handlers(self) -> dict[str, dict[str, Any]]:
         """{service: {method: async fn(request bytes, context) -> bytes}}."""
         raise NotImplementedError
 
-    async def start(self) -> Any:
-        server = grpc.aio.server()
+    def add_services(self, server: grpc.aio.Server) -> None:
         server.add_generic_rpc_handlers(
             tuple(
                 grpc.method_handlers_generic_handler(
@@ -439,15 +435,6 @@ class RawServer:
                 for service, methods in self.handlers().items()
             )
         )
-        server.add_insecure_port("unix://" + self.socket)
-        await server.start()
-        self._server = server
-        return self
-
-    async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(0)
 
 
 def direct_channel(path: str) -> grpc.aio.Channel:

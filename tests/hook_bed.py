@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as cri_grpc
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
+from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.layer import HookLayer, HookSettings
 from runtimeproxy.server import ProxyServer, ProxySettings
 from runtimeproxy.testbed import Containerd
@@ -126,6 +127,14 @@ class HookBed:
         server = TestHookServer(name, os.path.join(self.workdir, f"{name}.sock"), self.journal)
         await server.start()
         self.servers.append(server)
+        return server
+
+    async def serve(self, name: str, point: HookPoint, behaviour: Any, **registration: Any) -> TestHookServer:
+        """A hook server ``name`` answering ``point`` with ``behaviour`` (as `TestHookServer.set`
+        takes it), registered with ``registration`` (policy, timeout...)."""
+        server = await self.server(name)
+        server.set(point, behaviour)
+        await self.register(server, **registration)
         return server
 
     async def wait_registered(self, *names: str) -> None:

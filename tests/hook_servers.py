@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from unix_server import UnixServer
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
@@ -203,7 +204,7 @@ for _point in HookPoint:  # every RPC of the service goes through TestHookServer
     setattr(_Servicer, _point.rpc, _handler(_point))
 
 
-class TestHookServer:
+class TestHookServer(UnixServer):
     """One hook server on ``socket``; see the module docstring."""
 
     __test__ = False  # not a pytest test class
@@ -211,12 +212,11 @@ class TestHookServer:
     def __init__(self, name: str, socket: str, journal: Journal | None = None) -> None:
         if len(os.fsencode(socket)) >= 100:
             raise ValueError(f"unix socket path too long: {socket}")
+        super().__init__(socket)
         self.name = name
-        self.socket = socket
         self.journal: Journal = journal if journal is not None else []
         self.behaviours: dict[HookPoint, Behaviour] = {}
         self.requests: dict[HookPoint, list[Any]] = {point: [] for point in HookPoint}
-        self._server: grpc.aio.Server | None = None
         self._registration: tuple[str, str] | None = None
 
     @property
@@ -284,18 +284,8 @@ class TestHookServer:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{self.name} does not serve {point.rpc}")
         return await behaviour(point, request, context)
 
-    async def start(self) -> TestHookServer:
-        server = grpc.aio.server()
+    def add_services(self, server: grpc.aio.Server) -> None:
         hook_grpc.add_RuntimeHookServiceServicer_to_server(_Servicer(self), server)
-        server.add_insecure_port("unix://" + self.socket)
-        await server.start()
-        self._server = server
-        return self
-
-    async def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            await server.stop(0)  # cancels hanging handlers too
 
     # -- registration --
 

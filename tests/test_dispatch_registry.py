@@ -716,17 +716,22 @@ def test_directory_and_socket_named_json_are_skipped_with_a_reason(tmp_path: Pat
     assert len(events(logs, "hook config skipped")) == 2
 
 
-def test_unexpected_error_in_one_file_skips_that_file_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write(tmp_path, "good.json", config())
-    write(tmp_path, "cursed.json", config())
+def curse(directory: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    """Write cursed.json, a valid registration whose parsing raises ``error`` (a bug in the parser)."""
+    write(directory, "cursed.json", config())
     real_parse = parse_config
 
     def parse(name: str, text: str) -> HookServer:
         if name == "cursed.json":
-            raise MemoryError("out of memory")
+            raise error
         return real_parse(name, text)
 
     monkeypatch.setattr("runtimeproxy.dispatch.registry.parse_config", parse)
+
+
+def test_unexpected_error_in_one_file_skips_that_file_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "good.json", config())
+    curse(tmp_path, monkeypatch, MemoryError("out of memory"))
     registry = HookRegistry(str(tmp_path))
     with capture_logs() as logs:
         registry.scan()
@@ -742,15 +747,7 @@ async def test_watcher_applies_removals_while_another_file_is_broken(
     write(tmp_path, "fail.json", config(failure_policy="Fail"))
     write(tmp_path, "bomb.json", NESTING_BOMB)
     os.mkfifo(tmp_path / "pipe.json")
-    write(tmp_path, "cursed.json", config())
-    real_parse = parse_config
-
-    def parse(name: str, text: str) -> HookServer:
-        if name == "cursed.json":
-            raise RuntimeError("a bug")
-        return real_parse(name, text)
-
-    monkeypatch.setattr("runtimeproxy.dispatch.registry.parse_config", parse)
+    curse(tmp_path, monkeypatch, RuntimeError("a bug"))
     registry = HookRegistry(str(tmp_path), poll_interval=0.01)
     with capture_logs() as logs:
         await registry.start()

@@ -9,7 +9,7 @@ import random
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -473,6 +473,9 @@ def rpc_error(code: grpc.StatusCode, details: str = "") -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
 
 
+_R = TypeVar("_R", pb.RunPodSandboxRequest, pb.CreateContainerRequest)
+
+
 class ScriptedRuntime:
     """A RuntimeService stub whose answers come from the store entries it was given."""
 
@@ -482,6 +485,14 @@ class ScriptedRuntime:
         self.errors: dict[str, grpc.aio.AioRpcError] = {}
         self.before_status: Any = None
         self.calls: list[str] = []
+
+    def _find(self, table: dict[str, _R], object_id: str, kind: str) -> _R:
+        """``object_id``'s request in ``table``; raises the error scripted for it, else NOT_FOUND."""
+        if object_id in self.errors:
+            raise self.errors[object_id]
+        if object_id not in table:
+            raise rpc_error(grpc.StatusCode.NOT_FOUND, f"no such {kind}")
+        return table[object_id]
 
     async def ListPodSandbox(self, request: Any, timeout: float) -> pb.ListPodSandboxResponse:
         self.calls.append("ListPodSandbox")
@@ -522,11 +533,7 @@ class ScriptedRuntime:
         self.calls.append(f"PodSandboxStatus {request.pod_sandbox_id}")
         if self.before_status is not None:
             self.before_status(request.pod_sandbox_id)
-        if request.pod_sandbox_id in self.errors:
-            raise self.errors[request.pod_sandbox_id]
-        if request.pod_sandbox_id not in self.sandboxes:
-            raise rpc_error(grpc.StatusCode.NOT_FOUND, "no such sandbox")
-        r = self.sandboxes[request.pod_sandbox_id]
+        r = self._find(self.sandboxes, request.pod_sandbox_id, "sandbox")
         info = {"info": json.dumps({"runtimeHandler": r.runtime_handler, "config": go_json(r.config)})}
         status = pb.PodSandboxStatus(
             id=request.pod_sandbox_id,
@@ -539,11 +546,7 @@ class ScriptedRuntime:
 
     async def ContainerStatus(self, request: Any, timeout: float) -> pb.ContainerStatusResponse:
         self.calls.append(f"ContainerStatus {request.container_id}")
-        if request.container_id in self.errors:
-            raise self.errors[request.container_id]
-        if request.container_id not in self.containers:
-            raise rpc_error(grpc.StatusCode.NOT_FOUND, "no such container")
-        r = self.containers[request.container_id]
+        r = self._find(self.containers, request.container_id, "container")
         info = {"info": json.dumps({"sandboxID": r.pod_sandbox_id, "config": go_json(r.config)})}
         status = pb.ContainerStatus(
             id=request.container_id,

@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 
 import pytest
-from test_e2e_runtime_hooks import (
+from hooks_node import Node, policy_text
+from pods import (
     BATCH_CPU,
     CALL_TIMEOUT,
     QOS_LABEL,
     SPEC_ANNOTATION,
     ContainerSpec,
     MiB,
-    Node,
     Pod,
     cgroup_dir,
     extended_resource_spec,
-    policy_text,
     read_int,
 )
 
@@ -59,11 +59,8 @@ WAIT = 30.0
 
 @pytest.fixture
 def node(containerd: Containerd) -> Iterator[Node]:
-    made = Node(containerd)
-    try:
+    with closing(Node(containerd)) as made:
         yield made
-    finally:
-        made.close()
 
 
 def run_be_pod(node: Node, cri: CriClient, name: str, command: tuple[str, ...]) -> Pod:

@@ -319,9 +319,8 @@ async def test_servers_are_chained_in_order(bed: HookBed, layout: str) -> None:
 
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
 async def test_failing_pre_run_pod_sandbox(bed: HookBed, policy: str) -> None:
-    server = await bed.server("failing")
-    server.set(P.PRE_RUN_POD_SANDBOX, Fail(grpc.StatusCode.PERMISSION_DENIED, "not on my node"))
-    await bed.register(server, policy=policy)
+    refusal = Fail(grpc.StatusCode.PERMISSION_DENIED, "not on my node")
+    server = await bed.serve("failing", P.PRE_RUN_POD_SANDBOX, refusal, policy=policy)
     pod = bed.pod_config("failpod")
     if policy == "Fail":
         error = await rpc_error(bed.run_pod(pod))
@@ -338,9 +337,7 @@ async def test_failing_pre_run_pod_sandbox(bed: HookBed, policy: str) -> None:
 
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
 async def test_failing_pre_create_container(bed: HookBed, policy: str) -> None:
-    server = await bed.server("failing")
-    server.set(P.PRE_CREATE_CONTAINER, Fail(grpc.StatusCode.INTERNAL, "boom"))
-    await bed.register(server, policy=policy)
+    await bed.serve("failing", P.PRE_CREATE_CONTAINER, Fail(grpc.StatusCode.INTERNAL, "boom"), policy=policy)
     pod = bed.pod_config("failctr")
     sandbox_id = await bed.run_pod(pod)
     if policy == "Fail":
@@ -372,9 +369,7 @@ async def test_server_down(bed: HookBed, policy: str) -> None:
 
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
 async def test_hanging_server_times_out(bed: HookBed, policy: str) -> None:
-    server = await bed.server("slow")
-    server.set(P.PRE_RUN_POD_SANDBOX, Hang())
-    await bed.register(server, policy=policy, timeout="500ms")
+    await bed.serve("slow", P.PRE_RUN_POD_SANDBOX, Hang(), policy=policy, timeout="500ms")
     pod = bed.pod_config("hang")
     began = time.monotonic()
     if policy == "Fail":
@@ -393,9 +388,7 @@ async def test_hanging_server_times_out(bed: HookBed, policy: str) -> None:
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
 @pytest.mark.parametrize("field", sorted(INVALID_CONTAINER_RESPONSES))
 async def test_invalid_container_answer(bed: HookBed, policy: str, field: str) -> None:
-    server = await bed.server("invalid")
-    server.set(P.PRE_CREATE_CONTAINER, INVALID_CONTAINER_RESPONSES[field])
-    await bed.register(server, policy=policy)
+    await bed.serve("invalid", P.PRE_CREATE_CONTAINER, INVALID_CONTAINER_RESPONSES[field], policy=policy)
     pod = bed.pod_config("invalidctr")
     sandbox_id = await bed.run_pod(pod)
     if policy == "Fail":
@@ -417,9 +410,7 @@ async def test_invalid_container_answer(bed: HookBed, policy: str, field: str) -
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
 @pytest.mark.parametrize("field", sorted(INVALID_POD_RESPONSES))
 async def test_invalid_pod_answer(bed: HookBed, policy: str, field: str) -> None:
-    server = await bed.server("invalid")
-    server.set(P.PRE_RUN_POD_SANDBOX, INVALID_POD_RESPONSES[field])
-    await bed.register(server, policy=policy)
+    await bed.serve("invalid", P.PRE_RUN_POD_SANDBOX, INVALID_POD_RESPONSES[field], policy=policy)
     pod = bed.pod_config("invalidpod")
     if policy == "Fail":
         error = await rpc_error(bed.run_pod(pod))
@@ -507,9 +498,7 @@ async def test_skip_label_bypasses_every_hook(bed: HookBed) -> None:
 
 
 async def test_skip_label_bypasses_post_stop_pod_sandbox(bed: HookBed) -> None:
-    server = await bed.server("strict")
-    server.set(P.POST_STOP_POD_SANDBOX, Respond())
-    await bed.register(server, policy="Fail")
+    server = await bed.serve("strict", P.POST_STOP_POD_SANDBOX, Respond(), policy="Fail")
     pod = bed.pod_config("skipped", labels={SKIP_LABEL: "true"})
     sandbox_id = await bed.run_pod(pod)
     await bed.rs.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=CALL_TIMEOUT)

@@ -14,10 +14,12 @@ import json
 import os
 import textwrap
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
-from test_e2e_runtime_hooks import CALL_TIMEOUT, QOS_LABEL, ContainerSpec, Node, threads
+from hooks_node import Node
+from pods import CALL_TIMEOUT, QOS_LABEL, ContainerSpec, threads
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.cri_client import CriClient
@@ -42,11 +44,8 @@ POLICY = textwrap.dedent(
 
 @pytest.fixture
 def node(containerd: Containerd) -> Iterator[Node]:
-    made = Node(containerd)
-    try:
+    with closing(Node(containerd)) as made:
         yield made
-    finally:
-        made.close()
 
 
 def scores(parent: str, container_id: str) -> set[str]:

@@ -11,14 +11,14 @@ both calls.
 from __future__ import annotations
 
 import functools
-import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
-from daemons import Daemon, ProxyAndHooks
+from daemons import HOOKS_CLI, Daemon, ProxyAndHooks
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.cri_client import CriClient
@@ -26,7 +26,6 @@ from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
-HOOKS = [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()"]
 REGISTRATION_LATENCY = 5.0
 
 STAMP_PLUGIN = """
@@ -78,17 +77,14 @@ class Node(ProxyAndHooks):
 
     def start_hooks(self) -> Daemon:
         options = ("--enable", "stamp", "--policy", str(self.policy))
-        args = self.hooks_args(HOOKS, self.workdir / "no-resctrl", *options)
+        args = self.hooks_args(HOOKS_CLI, self.workdir / "no-resctrl", *options)
         return self.start_daemon("hooks", args, {"PYTHONPATH": str(self.site)})
 
 
 @pytest.fixture
 def node(containerd: Containerd) -> Iterator[Node]:
-    made = Node(containerd)
-    try:
+    with closing(Node(containerd)) as made:
         yield made
-    finally:
-        made.close()
 
 
 def run_pod(cri: CriClient, bed: Containerd, kube_qos: str) -> str:

@@ -14,17 +14,17 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from daemons import Daemon, ProxyAndHooks, eventually
+from daemons import HOOKS_CLI, Daemon, ProxyAndHooks, eventually
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
@@ -34,7 +34,6 @@ from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
-HOOKS = [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()"]
 CGROUP = Path("/sys/fs/cgroup")
 REGISTRATION_LATENCY = 5.0  # the proxy rescans its hook config directory every 0.2 s
 CALL_TIMEOUT = 60.0
@@ -79,7 +78,7 @@ class Node(ProxyAndHooks):
         proxy = self.start_daemon("proxy", self.proxy_args())
         path = os.pathsep.join(filter(None, [str(self.plugins), os.environ.get("PYTHONPATH", "")]))
         args = self.hooks_args(
-            HOOKS, self.workdir / "no-resctrl", "--runtime-endpoint", self.containerd.address, *hooks_options
+            HOOKS_CLI, self.workdir / "no-resctrl", "--runtime-endpoint", self.containerd.address, *hooks_options
         )
         hooks = self.start_daemon("hooks", args, {"PYTHONPATH": path})
         proxy.wait_record(
@@ -121,11 +120,8 @@ class Node(ProxyAndHooks):
 
 @pytest.fixture
 def node(containerd: Containerd) -> Iterator[Node]:
-    made = Node(containerd)
-    try:
+    with closing(Node(containerd)) as made:
         yield made
-    finally:
-        made.close()
 
 
 def lifecycle_calls(proxy: Daemon, method: str, count: int = 1) -> list[dict[str, Any]]:

@@ -449,6 +449,7 @@ def test_idle_reasons_name_the_missing_annotation_and_zero_policy_values() -> No
     assert "cpu.BE.cfs_burst_percent is 0" in be["cpu"]
     assert "memory.BE.min_percent/low_percent/throttling_percent are 0" in be["memory"]
     assert "oom_score_adj 1000" in be["memory"]
+    assert "memory.BE.pod_oom_score_adj is false: the pod's oom-score-adj annotations are not read" in be["memory"]
     assert be["cpuset"] == "cpuset.BE.pinned is false (shared pool)"
     assert "resctrl is not mounted" in be["resctrl"]
     assert 'network.interface is ""' in be["network"]
@@ -457,6 +458,11 @@ def test_idle_reasons_name_the_missing_annotation_and_zero_policy_values() -> No
     assert "not pinned" in lsr["cpu"] and "extended-resource-spec" not in lsr["cpu"]
     assert "has no cpuset in scheduling.koordinator.sh/resource-status" in lsr["cpuset"]
     assert "v1_soft_limit is unset" in lsr["memory"]
+    assert "BE only, the pod is LSR; memory.LSR.pod_oom_score_adj is false" in lsr["memory"]
+    from_annotations = policy_from("memory: {LSR: {pod_oom_score_adj: true}}")
+    lsr_read = idle_reasons(from_annotations, QoSClass.LSR, {}, version=CgroupVersion.V1, resctrl=True)
+    assert "memory.LSR.pod_oom_score_adj is true, but no koordinator.sh/oom-score-adj" in lsr_read["memory"]
+    assert "BE only" not in lsr_read["memory"]
     assert "not mounted" not in lsr["resctrl"]
 
     pinned = {"scheduling.koordinator.sh/resource-status": '{"cpuset": "0-1"}'}

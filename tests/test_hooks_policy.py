@@ -14,9 +14,10 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from runtimeproxy.hooks.plugins import cpu, cpuset, memory, network, resctrl
+from runtimeproxy.hooks.plugins import cpu, cpuset, gpu, memory, network, resctrl
 from runtimeproxy.hooks.plugins.cpu import CPUSection, CPUSettings
 from runtimeproxy.hooks.plugins.cpuset import CPUSetSettings
+from runtimeproxy.hooks.plugins.gpu import GPUSettings
 from runtimeproxy.hooks.plugins.memory import MemorySettings
 from runtimeproxy.hooks.plugins.network import NETWORK_BANDS, NetworkBandSettings, NetworkSection
 from runtimeproxy.hooks.plugins.resctrl import ResctrlSettings
@@ -40,7 +41,7 @@ from structlog.testing import capture_logs
 
 LSE, LSR, LS, BE, SYSTEM = QoSClass
 REPO = Path(__file__).resolve().parent.parent
-BUILTINS = (cpu.plugin, cpuset.plugin, resctrl.plugin, memory.plugin, network.plugin)
+BUILTINS = (cpu.plugin, cpuset.plugin, resctrl.plugin, memory.plugin, network.plugin, gpu.plugin)
 SPECS = settings_specs(BUILTINS)
 DEFAULTS = default_policy(SPECS)
 
@@ -294,13 +295,13 @@ def test_unreadable_files(tmp_path: Path) -> None:
 def test_settings_for_every_plugin_and_class() -> None:
     policy = loads("memory: {BE: {v1_soft_limit: zero}}")
     for qos in QoSClass:
-        for name in ("cpu", "cpuset", "resctrl", "memory"):
+        for name in ("cpu", "cpuset", "resctrl", "memory", "gpu"):
             assert policy.section(SPECS[name]).for_class(qos) is policy.sections[name].entries[qos.value]
         band = NETWORK_BANDS[qos].value
         assert policy.section(SPECS["network"]).for_class(qos) is policy.sections["network"].entries[band]
     assert policy.section(SPECS["memory"]).for_class(BE).v1_soft_limit == "zero"
     assert policy.section(SPECS["resctrl"]).for_class("BE") is V(policy).resctrl.BE
-    assert set(policy.sections) == set(SPECS) == {"cpu", "cpuset", "resctrl", "memory", "network"}
+    assert set(policy.sections) == set(SPECS) == {"cpu", "cpuset", "resctrl", "memory", "network", "gpu"}
     with pytest.raises(ValueError):
         policy.section(SPECS["cpu"]).for_class("GUARANTEED")
 
@@ -310,7 +311,7 @@ def test_settings_for_every_plugin_and_class() -> None:
 
 def test_dump_is_plain_yaml_in_a_stable_order() -> None:
     text = dump_policy(DEFAULTS)
-    assert list(yaml.safe_load(text)) == ["cpu", "cpuset", "memory", "network", "resctrl", "reconciler", "trust"]
+    assert list(yaml.safe_load(text)) == ["cpu", "cpuset", "gpu", "memory", "network", "resctrl", "reconciler", "trust"]
     assert "  BE:\n    l3_percent_range: [0, 30]\n    mb_percent: 100\n" in text
     assert "  interface: ''\n" in text
     assert loads(text) == DEFAULTS
@@ -341,6 +342,7 @@ cpu_classes = st.builds(
     group_identity=st.integers(-1, 2),
 )
 cpuset_classes = st.builds(CPUSetSettings, pinned=st.booleans())
+gpu_classes = st.builds(GPUSettings, enabled=st.booleans())
 l3_ranges = st.integers(0, 99).flatmap(lambda start: st.tuples(st.just(start), st.integers(start + 1, 100)))
 resctrl_classes = st.builds(ResctrlSettings, l3_percent_range=l3_ranges, mb_percent=st.integers(1, 100))
 
@@ -402,6 +404,7 @@ policies = st.builds(
         {
             "cpu": section("cpu", cpu_classes, st.builds(CPUSection, st.sampled_from(["batch", "kubelet"]))),
             "cpuset": section("cpuset", cpuset_classes),
+            "gpu": section("gpu", gpu_classes),
             "memory": section("memory", memory_classes()),
             "network": networks(),
             "resctrl": section("resctrl", resctrl_classes),

@@ -86,7 +86,7 @@ def test_check_accepts_a_good_file(tmp_path: Path) -> None:
         ("cpu:\n  BE: {cfs_burst_percent: -1}\n", "cpu.BE.cfs_burst_percent", ""),
         ("resctrl:\n  BE: {l3_percent_range: [30, 20]}\n", "resctrl.BE.l3_percent_range", ""),
         ("cpu:\n  BF: {cpu_idle: true}\n", "cpu.BF", "unknown QoS class 'BF'"),
-        ("gpu: {}\n", "gpu", ""),
+        ("rdma: {}\n", "rdma", ""),
         ("reconciler: {interval_seconds: 0}\n", "reconciler.interval_seconds", ""),
         ("cpu: [\n", "", "not valid YAML"),
     ],
@@ -150,4 +150,4 @@ def test_a_section_no_installed_plugin_defines_is_refused_naming_those_that_do(t
     code, _, err = invoke("policy", "check", str(policy))
     assert code == 1
     assert "stamp: unknown section 'stamp': no installed plugin defines it" in err
-    assert "plugin sections: cpu, cpuset, memory, network, resctrl; server sections: reconciler, trust" in err
+    assert "plugin sections: cpu, cpuset, gpu, memory, network, resctrl; server sections: reconciler, trust" in err

@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -20,6 +18,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+from daemons import spawn_hooks_serve
 from google.protobuf.json_format import MessageToDict
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import policy as policy_mod
@@ -554,13 +553,7 @@ def test_serve_runs_the_reconciler_and_stops_it(bed: Containerd, tmp_path: Path)
         "RUNTIME_HOOKS_ENABLE": f"recorder-{tag}",
         "RUNTIME_HOOKS_METRICS_ADDRESS": "127.0.0.1:0",
     }
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = spawn_hooks_serve(env)
     try:
         with CriClient(bed.address, timeout=60.0) as client:
             play(plan, client)

@@ -752,9 +752,9 @@ async def test_an_async_handler_past_its_timeout_is_cancelled_and_counted(make_r
 
 
 def test_built_in_plugins_that_only_touch_files_are_async() -> None:
-    from runtimeproxy.hooks.plugins import cpu, cpuset, memory, resctrl
+    from runtimeproxy.hooks.plugins import cpu, cpuset, gpu, memory, resctrl
 
-    for module in (cpu, cpuset, memory, resctrl):
+    for module in (cpu, cpuset, memory, resctrl, gpu):
         plugin = module.plugin
         handlers = [*plugin.handlers.values(), plugin.reconcile_handler, plugin.start_handler, plugin.stop_handler]
         assert all(h.is_async for h in handlers if h is not None), plugin.name

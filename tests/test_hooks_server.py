@@ -10,7 +10,6 @@ import shutil
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
@@ -24,6 +23,7 @@ import grpc
 import grpc.aio
 import pytest
 from click.testing import CliRunner
+from daemons import spawn_hooks_serve
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cli import cli
 from runtimeproxy.hooks.sdk import ContainerInfo, HookResponse, Plugin, PluginRunner, PodInfo, ServerContext
@@ -514,15 +514,9 @@ def test_serve_command_end_to_end(plugin_site: Path, short_dir: Path, tmp_path: 
         "RUNTIME_HOOKS_POLICY": str(policy),
         "RUNTIME_HOOKS_LOG_FORMAT": "json",
         # Only the test's plugins: the built-in ones would subscribe more hook points.
-        "RUNTIME_HOOKS_DISABLE": "cpu cpuset memory resctrl network",
+        "RUNTIME_HOOKS_DISABLE": "cpu cpuset memory resctrl network gpu",
     }
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = spawn_hooks_serve(env)
     try:
         message = notify.recv(4096).decode()
         assert "READY=1" in message

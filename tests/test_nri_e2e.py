@@ -25,24 +25,8 @@ from typing import Any
 import pytest
 from conftest import start_testbed
 from daemons import eventually
-from test_e2e_runtime_hooks import (
-    BE_BATCH,
-    CALL_TIMEOUT,
-    FAKE_RESCTRL,
-    HOOKS,
-    LS_QUOTA,
-    QOS_LABEL,
-    ContainerSpec,
-    Node,
-    Pod,
-    policy_text,
-    read,
-    read_int,
-    run_be_pod,
-    run_ls_pod,
-    threads,
-    write_atomically,
-)
+from hooks_node import BE_BATCH, HOOKS, LS_QUOTA, Node, policy_text, run_be_pod, run_ls_pod, write_atomically
+from pods import CALL_TIMEOUT, QOS_LABEL, ContainerSpec, Pod, read, read_int, threads
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.cri_client import CriClient
@@ -89,26 +73,10 @@ class NriNode(Node):
 
     def nri_command(self, *extra: str) -> tuple[list[str], dict[str, str]]:
         """``runtime-hooks serve`` in NRI mode alone, and the environment it needs beside ours."""
-        args = self.hooks_args(
-            HOOKS,
-            self.resctrl_root,
-            "--runtime-endpoint",
-            self.containerd.address,
-            "--policy",
-            str(self.policy),
-            "--metrics-address",
-            "127.0.0.1:0",
-            "--nri-socket",
-            str(self.containerd.nri_socket),
-            *extra,
-        )
+        args, env = self.hooks_command("--nri-socket", str(self.containerd.nri_socket), *extra, extra_plugins=True)
         at = args.index("--hook-config-dir")
         del args[at : at + 2]  # NRI mode alone
-        path = [str(self.kernel_dir), str(self._write_extra_plugins()), os.environ.get("PYTHONPATH", "")]
-        return args, {
-            "PYTHONPATH": os.pathsep.join(p for p in path if p),
-            "RTPX_E2E_FAKE_RESCTRL": json.dumps({"root": str(self.resctrl_root), "options": FAKE_RESCTRL}),
-        }
+        return args, env
 
 
 @pytest.fixture

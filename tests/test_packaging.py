@@ -108,7 +108,7 @@ def test_entry_points_name_modules_the_wheel_ships(built: tuple[Path, Path]) -> 
     declared = {"console_scripts": project["scripts"], **project["entry-points"]}
     found = {group: dict(entry_points[group]) for group in entry_points.sections()}
     assert found == declared
-    assert set(found["runtimeproxy.hooks"]) >= {"cpu", "cpuset", "memory", "resctrl", "network"}
+    assert set(found["runtimeproxy.hooks"]) >= {"cpu", "cpuset", "memory", "resctrl", "network", "gpu"}
     for group in found.values():
         for target in group.values():
             module = target.split(":")[0].replace(".", "/")

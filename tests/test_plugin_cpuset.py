@@ -175,3 +175,72 @@ def test_the_plan_is_pure() -> None:
     assert shared.cpuset_cpus is None
     with pytest.raises(ValueError, match="resource-status"):
         cpuset.cpuset_from_annotations({STATUS: "nope"})
+
+
+# --- reconcile ----------------------------------------------------------------------------------
+
+
+def live_pod(tree: FakeCgroup, qos: str, status: str | None, *containers: str) -> tuple[PodInfo, dict[str, Any]]:
+    """A running pod: its sandbox's and containers' cgroups made, as the reconciler lists them."""
+    pod = make_pod(tree, qos, status)
+    pod = PodInfo(**{**pod.__dict__, "sandbox_id": f"sb-{pod.uid}"})
+    for cgroup_id in (pod.sandbox_id, *containers):
+        tree.add_container(pod.cgroup_parent, cgroup_id)
+    listed = tuple(ContainerInfo(name=f"c{i}", id=cid) for i, cid in enumerate(containers))
+    return pod, {pod.sandbox_id: listed}
+
+
+def cpus_of(tree: FakeCgroup, pod: PodInfo, *ids: str) -> list[str]:
+    return [tree.read(pod.cgroup_parent, "cpuset.cpus", cgroup_id) for cgroup_id in ids]
+
+
+async def test_reconcile_pins_the_sandbox_and_sets_back_drifted_containers(tree: FakeCgroup, make_runner: Any) -> None:
+    pod, containers = live_pod(tree, "LSR", json.dumps({"cpuset": "2,1"}), "ca", "cb")
+    ids = (pod.sandbox_id, "ca", "cb")
+    runner = make_runner()
+    report = await runner.reconcile_report(pods=[pod], containers=containers)
+    assert report.failures == [] and report.repaired == {"cpuset": 3}
+    assert cpus_of(tree, pod, *ids) == ["1-2"] * 3
+    assert (await runner.reconcile_report(pods=[pod], containers=containers)).repaired == {"cpuset": 0}
+    fs = tree.fs()
+    fs.write("cpuset", "cpuset.cpus", "0-3", pod.cgroup_parent, "cb")  # drift
+    assert (await runner.reconcile_report(pods=[pod], containers=containers)).repaired == {"cpuset": 1}
+    assert cpus_of(tree, pod, *ids) == ["1-2"] * 3
+
+
+async def test_reconcile_leaves_unpinned_classes_and_untrusted_cpusets_alone(
+    tree: FakeCgroup, make_runner: Any
+) -> None:
+    status = json.dumps({"cpuset": "1"})
+    ls, ls_containers = live_pod(tree, "LS", status, "ls-app")
+    lsr, lsr_containers = live_pod(tree, "LSR", status, "lsr-app")
+    untrusted = make_runner(policy="trust: {pod_cpuset: false}")
+    report = await untrusted.reconcile_report(pods=[ls, lsr], containers=ls_containers | lsr_containers)
+    assert report.repaired == {"cpuset": 0}
+    report = await make_runner().reconcile_report(pods=[ls, lsr], containers=ls_containers | lsr_containers)
+    assert report.repaired == {"cpuset": 2}  # the LSR pod's sandbox and container only
+    assert cpus_of(tree, ls, ls.sandbox_id, "ls-app") == ["", ""]
+
+
+@pytest.mark.parametrize(("status", "error"), [('{"cpuset": "x"}', "resource-status"), ('{"cpuset": "3-7"}', "4-7")])
+async def test_reconcile_skips_an_unusable_cpuset_with_one_warning(
+    tree: FakeCgroup, make_runner: Any, status: str, error: str
+) -> None:
+    pod, containers = live_pod(tree, "LSE", status, "app")
+    runner = make_runner()
+    with capture_logs() as logs:
+        for _ in range(3):
+            report = await runner.reconcile_report(pods=[pod], containers=containers)
+            assert report.failures == [] and report.repaired == {"cpuset": 0}
+    [warning] = [entry for entry in logs if entry.get("plugin") == "cpuset"]
+    assert warning["log_level"] == "warning" and error in warning["error"]
+    assert cpus_of(tree, pod, pod.sandbox_id, "app") == ["", ""]
+
+
+async def test_reconcile_skips_containers_whose_cgroup_is_gone(tree: FakeCgroup, make_runner: Any) -> None:
+    pod, containers = live_pod(tree, "LSR", json.dumps({"cpuset": "0"}), "app")
+    listed = {pod.sandbox_id: (*containers[pod.sandbox_id], ContainerInfo(name="gone", id="gone"))}
+    with capture_logs() as logs:
+        report = await make_runner().reconcile_report(pods=[pod], containers=listed)
+    assert report.failures == [] and report.repaired == {"cpuset": 2}
+    assert [entry for entry in logs if entry.get("log_level") == "warning"] == []

@@ -8,7 +8,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
+from daemons import spawn_hooks_serve
 from runtimeproxy.hooks.cli import serve
 from runtimeproxy.hooks.reconciler import DEFAULT_RUNTIME_ENDPOINT
 from runtimeproxy.hooks.server import DEFAULT_ENDPOINT, DEFAULT_HOOK_CONFIG_DIR, ServerSettings
@@ -170,13 +170,7 @@ def test_serve_pings_the_watchdog_from_its_loop(short_dir: Path, tmp_path: Path)
         "RUNTIME_HOOKS_RUNTIME_ENDPOINT": "",
     }
     env.pop("WATCHDOG_PID", None)
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()", "serve"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = spawn_hooks_serve(env)
     try:
         messages: list[str] = []
         deadline = time.monotonic() + 20

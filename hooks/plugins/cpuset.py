@@ -17,18 +17,28 @@ skipped: the pod starts on the shared pool rather than failing. So is a list nam
 the node does not have (checked against the cgroup root's effective CPUs when a cgroup
 tree is at hand), since the runtime would fail the container on it. The list is passed on
 in canonical form (``format_cpuset``).
+
+The reconciler keeps it (Koordinator registers the same container- and sandbox-level cpuset
+reconcilers, ``hooks/cpuset/cpuset.go``): every round, each live pod of a pinned class with a
+usable cpuset gets that list back in its containers' and its sandbox's ``cpuset.cpus`` where
+they differ. The sandbox is pinned that way only (a RunPodSandbox answer has no cpuset for
+it). This does not fight kubelet: kubelet's own cpuset updates (its CPU manager's
+UpdateContainerResources) pass through PreUpdateContainerResources, which answers the same
+list. A pod whose annotation is unusable, or names CPUs the node lacks, is skipped, with one
+warning per pod (not one a round).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from runtimeproxy.dispatch.limits import format_cpuset, parse_cpuset
 
 from ..cgroups import CgroupError, CgroupFS, CgroupVersion
+from ..convert import qos_of
 from ..podview import RESOURCE_STATUS_ANNOTATION
 from ..policy import builtin_defaults
 from ..qos import QoSClass
@@ -43,6 +53,7 @@ __all__ = [
     "node_cpus",
     "plan_container",
     "plugin",
+    "reconcile",
 ]
 
 
@@ -63,6 +74,7 @@ plugin = Plugin(
     description="pins LSE and LSR containers to the cpuset koord-scheduler assigned to the pod",
     settings=CPUSetSettings,
     defaults=builtin_defaults("cpuset"),
+    state=set,  # uids of the live pods the reconciler already warned about
 )
 
 # The root cgroup's effective CPUs, per version (v1: in the cpuset hierarchy).
@@ -174,3 +186,74 @@ async def pin_container(
             )
             return
     response.resources.cpuset_cpus = plan.cpuset_cpus
+
+
+# --- the reconciler ------------------------------------------------------------------------------
+
+
+def _pinned_cpus(
+    pod: PodInfo, settings_for: Callable[[QoSClass], CPUSetSettings], fs: CgroupFS
+) -> frozenset[int] | None:
+    """The CPUs a live pod's cgroups must keep; None when it is not pinned. ValueError (why) when
+    its annotation is unusable or names CPUs the node lacks."""
+    if not settings_for(qos_of(pod).qos_class).pinned:
+        return None
+    cpus = cpuset_from_annotations(pod.annotations)
+    available = node_cpus(fs) if cpus else None
+    if cpus and available is not None and not cpus <= available:
+        raise ValueError(f"cpuset names CPUs the node does not have: {format_cpuset(cpus - available)}")
+    return cpus
+
+
+def _set_back(fs: CgroupFS, parent: str, cgroup_id: str, cpus: frozenset[int]) -> bool:
+    """Write ``cpus`` to the cgroup's cpuset.cpus if it holds another list; whether it did."""
+    if not fs.has_file("cpuset", "cpuset.cpus", parent, cgroup_id):
+        return False  # gone since the listing, or not made yet
+    text = fs.read("cpuset", "cpuset.cpus", parent, cgroup_id)
+    try:
+        if parse_cpuset(text) == cpus:
+            return False
+    except ValueError:
+        pass  # not a list: rewrite it
+    fs.write("cpuset", "cpuset.cpus", format_cpuset(cpus), parent, cgroup_id)
+    return True
+
+
+@plugin.reconcile
+async def reconcile(
+    *,
+    pods: Sequence[PodInfo],
+    cgroups: CgroupFS | None,
+    settings_for: Callable[[QoSClass], CPUSetSettings],
+    state: set[str],
+    log: Any,
+    containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
+    **kwargs: Any,
+) -> int:
+    """Put the assigned cpuset back into pinned pods' containers and sandboxes; the files rewritten."""
+    if cgroups is None:
+        return 0
+    state.intersection_update(pod.uid for pod in pods)
+    repaired = 0
+    for pod in pods:
+        if not pod.cgroup_parent or not pod.sandbox_id:
+            continue
+        where = f"{pod.namespace}/{pod.name}"
+        try:
+            cpus = _pinned_cpus(pod, settings_for, cgroups)
+        except ValueError as exc:
+            if pod.uid not in state:
+                state.add(pod.uid)
+                log.warning("cpuset not reconciled: annotation unusable", pod=where, error=str(exc))
+            continue
+        if not cpus:
+            continue
+        ids = [pod.sandbox_id, *(c.id for c in (containers or {}).get(pod.sandbox_id, ()) if c.id)]
+        for cgroup_id in ids:
+            try:
+                repaired += _set_back(cgroups, pod.cgroup_parent, cgroup_id, cpus)
+            except (OSError, CgroupError) as exc:
+                log.warning("cpuset not reconciled", pod=where, cgroup=cgroup_id, error=str(exc))
+    if repaired:
+        log.info("cpuset set back", files=repaired)
+    return repaired

@@ -282,9 +282,9 @@ def policy_from(text: str, *plugins: Plugin) -> policy_mod.Policy:
     """The policy in YAML ``text`` laid over the defaults, read against ``plugins``' settings
     (none given: the built-in plugins'). PolicyError as ``runtime-hooks policy check`` says it."""
     if not plugins:
-        from ..plugins import cpu, cpuset, memory, network, resctrl  # only when asked: network loads libc
+        from ..plugins import cpu, cpuset, gpu, memory, network, resctrl  # only when asked: network loads libc
 
-        plugins = (cpu.plugin, cpuset.plugin, resctrl.plugin, memory.plugin, network.plugin)
+        plugins = (cpu.plugin, cpuset.plugin, resctrl.plugin, memory.plugin, network.plugin, gpu.plugin)
     return policy_mod.loads_policy(text, specs=settings_specs(plugins))
 
 

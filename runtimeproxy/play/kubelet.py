@@ -38,6 +38,7 @@ from typing import Any, Literal
 from kubernetes.client import ApiClient
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
+from runtimeproxy.dispatch.merge import CgroupForm
 from runtimeproxy.play.cri_resources import (
     LinuxResources,
     container_resources,
@@ -123,7 +124,7 @@ _ENV_VALUE_IS_BYTES = (
 )
 _API: Any = ApiClient()
 
-CgroupDriver = Literal["cgroupfs", "systemd"]
+CgroupDriver = CgroupForm  # kubelet's --cgroup-driver is the form of the cgroup names it makes
 ContainerKind = Literal["init", "sidecar", "container"]
 
 

@@ -85,6 +85,10 @@ def derive_pod_uid(namespace: str, name: str) -> str:
     return str(uuid.UUID(bytes=digest[:16], version=4))
 
 
+# Not hooks/extended_resources.quantity_value: that one is Go's ParseQuantity + Value() for
+# Koordinator's annotation ("+" and "." are 0, values rounded up to whole units, negatives
+# kept); kubelet's arithmetic here needs the exact value ("100m" cpu is 0.1) and a manifest
+# gets what the API server's validation accepts, no negative quantity.
 def parse_quantity_value(value: object) -> Decimal:
     """Parse one resource quantity strictly, raising ``ValueError`` if it is not one.
 

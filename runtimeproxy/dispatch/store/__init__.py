@@ -39,12 +39,13 @@ from .from_runtime import (
     sandbox_from_status,
 )
 from .go_json import message_from_go_json
-from .loader import LoadResult, RuntimeLoader
+from .loader import RUNTIME_DOWN, LoadResult, RuntimeLoader
 from .pod_store import PodStore
 from .rebuilder import StoreRebuilder
 from .unreadable import Listing, Undecodable, UnreadableObjectError, UnreadableObjects, describe_error
 
 __all__ = [
+    "RUNTIME_DOWN",
     "ContainerEntry",
     "Listing",
     "LoadResult",

@@ -14,7 +14,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import partial
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import structlog
 from google.protobuf.message import Message
@@ -86,8 +86,8 @@ def _lenient_stub(channel: H2Channel) -> Any:
 
 
 # Errors that mean "the runtime is not answering": a load fails (and is retried) rather
-# than settling for List data.
-_DOWN = frozenset({StatusCode.UNAVAILABLE, StatusCode.CANCELLED})
+# than settling for List data. The reconciler's rounds go by the same set.
+RUNTIME_DOWN: Final = frozenset({StatusCode.UNAVAILABLE, StatusCode.CANCELLED})
 
 
 class RuntimeLoader:
@@ -245,7 +245,7 @@ class RuntimeLoader:
     @staticmethod
     def _status_failed(exc: Exception, kind: str, object_id: str, fallback: Callable[[], T]) -> T | None:
         code = status_of(exc)
-        if code is None or code in _DOWN:
+        if code is None or code in RUNTIME_DOWN:
             raise exc  # not a call's status (a bug), or the runtime is down
         if code == StatusCode.NOT_FOUND:
             return None  # removed since it was listed
