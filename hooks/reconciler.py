@@ -21,11 +21,14 @@ takes effect at once) the :class:`Reconciler`:
 
 **It never fights kubelet.** The reconciler writes nothing itself, and reconcile handlers
 touch only values their plugin owns: what their own hooks set on the node (resctrl groups
-and their schemata, a class's cgroup knobs, tc classes...). Values kubelet owns -- the CRI
-resources it sends in CreateContainer and UpdateContainerResources (cpu shares and quota,
-memory limit, cpuset) and the pod and QoS-level cgroups kubelet manages -- are changed only
-through hook responses, on kubelet's own calls, and never re-applied here: kubelet would
-set them back on its next sync, and the two would take turns overwriting each other.
+and their schemata, a class's cgroup knobs, tc classes...), and the values a plugin decides
+in place of kubelet for what kubelet cannot know: a BE pod's batch-cpu shares and quota and
+batch-memory limit (kubelet sees such a pod as BestEffort), and the cpuset of a pinned
+LSE/LSR container; Koordinator's reconciler keeps the same ones. Kubelet writes those files
+only on its own CRI calls (create, in-place resize), which pass through the same hooks and
+get the same values, so the two never take turns. Everything else kubelet owns -- the
+other CRI resources and the QoS-level cgroups it manages -- is changed only through hook
+responses, on kubelet's own calls, and never re-applied here.
 
 **systemd driver.** On cgroup v2 every value a plugin writes into a pod slice or container
 scope also becomes the unit's property (hooks/systemd_sync.py), so systemd does not undo it
