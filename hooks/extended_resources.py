@@ -36,15 +36,17 @@ unlimited). A non-positive quantity is kept and reported in :attr:`ExtendedResou
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Final, TypeVar
+from typing import Final
+
+from . import go_json
+from .go_json import GoObject, json_kind, merged_map, struct_fields
 
 __all__ = [
     "BATCH_CPU",
@@ -53,6 +55,7 @@ __all__ = [
     "INT64_MAX",
     "ContainerResources",
     "ExtendedResourceSpec",
+    "quantity_at",
     "quantity_value",
     "read_extended_resource_spec",
 ]
@@ -62,7 +65,6 @@ EXTENDED_RESOURCE_SPEC_ANNOTATION: Final = "node.koordinator.sh/extended-resourc
 BATCH_CPU: Final = "kubernetes.io/batch-cpu"
 BATCH_MEMORY: Final = "kubernetes.io/batch-memory"
 INT64_MAX: Final = (1 << 63) - 1
-_T = TypeVar("_T")
 
 # --- quantities ---------------------------------------------------------------------------------
 
@@ -178,52 +180,8 @@ class ExtendedResourceSpec:
         return sum(value for value in values if value is not None)
 
 
-class _Object(list[tuple[str, object]]):
-    """A JSON object as its key/value pairs in order, so that duplicates and case can be handled as Go does."""
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")  # Python's json would take NaN / Infinity; Go refuses them
-
-
-def _fields(obj: _Object, names: tuple[str, ...]) -> dict[str, list[object]]:
-    """Each struct field's values in order: Go picks an exact key match, else a case-insensitive one."""
-    found: dict[str, list[object]] = {name: [] for name in names}
-    for key, value in obj:
-        name = key if key in found else next((n for n in names if n.casefold() == key.casefold()), None)
-        if name is not None:
-            found[name].append(value)
-    return found
-
-
-def _merged_map(values: list[object], where: str, parse: Callable[[object, str], _T]) -> dict[str, _T] | None:
-    """A map field: null sets it to nil; each object adds its entries to what is there (Go)."""
-    merged: dict[str, _T] | None = None
-    for value in values:
-        if value is None:
-            merged = None
-            continue
-        if not isinstance(value, _Object):
-            raise ValueError(f"{where} must be an object, got {_kind(value)}")
-        merged = {} if merged is None else merged
-        for key, item in value:
-            merged[key] = parse(item, f"{where}[{key}]")
-    return merged
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, _Object):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    return "a number"
-
-
-def _quantity(value: object, where: str) -> int:
+def quantity_at(value: object, where: str) -> int:
+    """A quantity field of an annotation (null is 0), its errors prefixed with where it stands."""
     if value is None:
         return 0
     try:
@@ -235,11 +193,11 @@ def _quantity(value: object, where: str) -> int:
 def _container(value: object, where: str) -> ContainerResources:
     if value is None:
         return ContainerResources()
-    if not isinstance(value, _Object):
-        raise ValueError(f"{where} must be an object, got {_kind(value)}")
-    found = _fields(value, ("requests", "limits"))
-    requests = _merged_map(found["requests"], f"{where}.requests", _quantity) or {}
-    limits = _merged_map(found["limits"], f"{where}.limits", _quantity) or {}
+    if not isinstance(value, GoObject):
+        raise ValueError(f"{where} must be an object, got {json_kind(value)}")
+    found = struct_fields(value, ("requests", "limits"))
+    requests = merged_map(found["requests"], f"{where}.requests", quantity_at) or {}
+    limits = merged_map(found["limits"], f"{where}.limits", quantity_at) or {}
     return ContainerResources(requests=MappingProxyType(requests), limits=MappingProxyType(limits))
 
 
@@ -256,12 +214,12 @@ def _notes(containers: Mapping[str, ContainerResources]) -> tuple[str, ...]:
 
 
 def _decode(text: str) -> ExtendedResourceSpec:
-    data = json.loads(text, object_pairs_hook=_Object, parse_float=Decimal, parse_constant=_no_constant)
+    data = go_json.loads(text)
     if data is None:
         return ExtendedResourceSpec()
-    if not isinstance(data, _Object):
-        raise ValueError(f"must be a JSON object, got {_kind(data)}")
-    containers = _merged_map(_fields(data, ("containers",))["containers"], "containers", _container) or {}
+    if not isinstance(data, GoObject):
+        raise ValueError(f"must be a JSON object, got {json_kind(data)}")
+    containers = merged_map(struct_fields(data, ("containers",))["containers"], "containers", _container) or {}
     return ExtendedResourceSpec(MappingProxyType(containers), _notes(containers))
 
 

@@ -41,10 +41,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Final
 
-from ..extended_resources import _fields, _kind, _merged_map, _no_constant, _Object, _quantity
+from .. import go_json
+from ..extended_resources import quantity_at
+from ..go_json import GoObject, json_kind, merged_map, struct_fields
 from ..policy import builtin_defaults
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo
 from ..settings import boolean, parsed_by
@@ -92,7 +93,7 @@ plugin = Plugin(
 
 def _integer(value: object, where: str, bounds: tuple[int, int]) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{where} must be an integer, got {_kind(value) if value is not None else 'null'}")
+        raise ValueError(f"{where} must be an integer, got {json_kind(value) if value is not None else 'null'}")
     if not bounds[0] <= value <= bounds[1]:
         raise ValueError(f"{where}: {value} is out of range")
     return value
@@ -100,19 +101,19 @@ def _integer(value: object, where: str, bounds: tuple[int, int]) -> int:
 
 def _string(value: object, where: str) -> None:
     if value is not None and not isinstance(value, str):
-        raise ValueError(f"{where} must be a string, got {_kind(value)}")
+        raise ValueError(f"{where} must be a string, got {json_kind(value)}")
 
 
-def _object(value: object, where: str) -> _Object:
-    if not isinstance(value, _Object):
-        raise ValueError(f"{where} must be an object, got {_kind(value)}")
+def _object(value: object, where: str) -> GoObject:
+    if not isinstance(value, GoObject):
+        raise ValueError(f"{where} must be an object, got {json_kind(value)}")
     return value
 
 
 def _check_vf(value: object, where: str) -> None:
     if value is None:
         return
-    found = _fields(_object(value, where), ("minor", "busID"))
+    found = struct_fields(_object(value, where), ("minor", "busID"))
     for minor in found["minor"]:
         if minor is not None:
             _integer(minor, f"{where}.minor", _INT64)
@@ -124,12 +125,12 @@ def _check_extension(value: object, where: str) -> None:
     """DeviceAllocationExtension: only its shape matters (Go fails the decode on a wrong one)."""
     if value is None:
         return
-    found = _fields(_object(value, where), ("vfs", "gpuSharedResourceTemplate"))
+    found = struct_fields(_object(value, where), ("vfs", "gpuSharedResourceTemplate"))
     for vfs in found["vfs"]:
         if vfs is None:
             continue
-        if isinstance(vfs, _Object) or not isinstance(vfs, list):  # _Object is a list of pairs
-            raise ValueError(f"{where}.vfs must be an array, got {_kind(vfs)}")
+        if isinstance(vfs, GoObject) or not isinstance(vfs, list):  # GoObject is a list of pairs
+            raise ValueError(f"{where}.vfs must be an array, got {json_kind(vfs)}")
         for index, item in enumerate(vfs):
             _check_vf(item, f"{where}.vfs[{index}]")
     for template in found["gpuSharedResourceTemplate"]:
@@ -138,12 +139,12 @@ def _check_extension(value: object, where: str) -> None:
 
 def _minor(value: object, where: str) -> int:
     """One DeviceAllocation, checked whole; its minor (the last non-null one, 0 without)."""
-    found = _fields(_object(value, where), ("minor", "resources", "id", "extension"))
+    found = struct_fields(_object(value, where), ("minor", "resources", "id", "extension"))
     minor = 0
     for raw in found["minor"]:
         if raw is not None:  # Go: null into an int32 leaves it as it was
             minor = _integer(raw, f"{where}.minor", _INT32)
-    _merged_map(found["resources"], f"{where}.resources", _quantity)
+    merged_map(found["resources"], f"{where}.resources", quantity_at)
     for raw in found["id"]:
         _string(raw, f"{where}.id")
     for raw in found["extension"]:
@@ -154,8 +155,8 @@ def _minor(value: object, where: str) -> int:
 def _device_list(key: str, value: object) -> tuple[int, ...]:
     if value is None:
         return ()
-    if isinstance(value, _Object) or not isinstance(value, list):  # _Object is a list of pairs
-        raise ValueError(f"{key} must be an array, got {_kind(value)}")
+    if isinstance(value, GoObject) or not isinstance(value, list):  # GoObject is a list of pairs
+        raise ValueError(f"{key} must be an array, got {json_kind(value)}")
     minors = []
     for index, item in enumerate(value):
         if item is None:
@@ -167,7 +168,7 @@ def _device_list(key: str, value: object) -> tuple[int, ...]:
 
 
 def _decode(text: str) -> tuple[int, ...]:
-    data = json.loads(text, object_pairs_hook=_Object, parse_float=Decimal, parse_constant=_no_constant)
+    data = go_json.loads(text)
     if data is None:
         return ()
     devices: dict[str, tuple[int, ...]] = {}
