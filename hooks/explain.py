@@ -79,6 +79,7 @@ from .resctrl import (
     parse_schemata,
 )
 from .runner import HookCallFailed, PluginRunner
+from .settings import SettingsSpec
 from .views import ContainerInfo, PodInfo, ServerContext
 
 __all__ = [
@@ -706,19 +707,26 @@ class _Rehearsal:
             await self.run(point, *_container_infos(pod, container))
 
 
+def _spec(plugin: Plugin) -> SettingsSpec:
+    spec = plugin.settings_spec
+    assert spec is not None  # the built-ins all declare settings
+    return spec
+
+
 def _entry(policy: Policy, plugin: Plugin, qos: QoSClass) -> Any:
     """A built-in plugin's settings for ``qos`` in ``policy`` (its defaults where the policy has none)."""
-    spec = plugin.settings_spec
-    assert spec is not None
-    return policy.section(spec).for_class(qos)
+    return policy.section(_spec(plugin)).for_class(qos)
 
 
 def _cpu_reasons(policy: Policy, qos: QoSClass, annotations: Mapping[str, str], pinned: bool) -> list[str]:
     entry = _entry(policy, cpu_plugin.plugin, qos)
     reasons: list[str] = []
-    if qos is QoSClass.BE and EXTENDED_RESOURCE_SPEC_ANNOTATION not in annotations:
+    batch = qos is QoSClass.BE and policy.section(_spec(cpu_plugin.plugin)).common.be_quota_source == "batch"
+    if batch and EXTENDED_RESOURCE_SPEC_ANNOTATION not in annotations:
         reasons.append(f"BE batch resources need the {EXTENDED_RESOURCE_SPEC_ANNOTATION} annotation, the pod has none")
-    if entry.cfs_quota_enabled:
+    if batch:
+        reasons.append("a container without batch-cpu in the annotation keeps kubelet's quota and shares")
+    elif entry.cfs_quota_enabled:
         reasons.append(f"cpu.{qos.value}.cfs_quota_enabled is true: the quota is kubelet's")
     elif not pinned:
         reasons.append(f"cpu.{qos.value}.cfs_quota_enabled is false, but the pod is not pinned: the quota is kubelet's")
@@ -785,11 +793,9 @@ def idle_reasons(
         band = "the class's resctrl group already holds the container, or its tasks could not be read"
     else:
         band = "no resctrl handle: resctrl is not mounted on this node"
-    network_spec = network_plugin.plugin.settings_spec
-    assert network_spec is not None
     network = (
         'network.interface is "" (network QoS off)'
-        if not policy.section(network_spec).common.interface
+        if not policy.section(_spec(network_plugin.plugin)).common.interface
         else f"the {network_plugin.NETWORK_BANDS[qos].value} band is already set up"
     )
     reasons = {

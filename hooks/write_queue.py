@@ -80,7 +80,7 @@ class WriteQueue:
             for index, write in enumerate(writes):
                 if deadline is not None and time.monotonic() > deadline:
                     for cut in writes[index:]:
-                        log.error("deferred cgroup write not applied: stop grace over", plugin=cut.plugin, file=cut.path)
+                        log.error("deferred cgroup write not applied: too late", plugin=cut.plugin, file=cut.path)
                     return len(writes) - index
                 self._apply_one(write)
             return 0
