@@ -282,8 +282,11 @@ def _install_python_deps(work: Path, root: Path, requirements: list[str]) -> Non
     wheels = root / "tmp/wheels"
     wheels.mkdir(parents=True)
     download_wheels(requirements, wheels, _python_version(root), _glibc_minor(root))
+    # --ignore-installed: Debian's python3-setuptools brings Debian's typing_extensions, which pip
+    # cannot uninstall (no RECORD); the wheels go to /usr/local, ahead of Debian's on sys.path.
     chroot(root, "python3", "-m", "pip", "install", "-q", "--no-index", "--find-links", "/tmp/wheels",
-           "--no-cache-dir", "--break-system-packages", "--root-user-action=ignore", *requirements,
+           "--no-cache-dir", "--break-system-packages", "--root-user-action=ignore", "--ignore-installed",
+           *requirements,
            step="pip install (dependencies, in the chroot)")
     shutil.rmtree(wheels)
 
