@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import functools
 import os
 import re
 import stat
@@ -82,8 +81,6 @@ import structlog
 
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.dispatch.merge import CgroupForm
-
-from . import write_queue
 
 __all__ = [
     "CGROUP_ROOT",
@@ -573,9 +570,6 @@ class CgroupFS:
     def read(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str:
         """The content of ``file``, surrounding whitespace stripped. OSError if it cannot be read."""
         path = self.path(controller, parent, container_id, file)
-        deferring = write_queue.active()
-        if deferring is not None and deferring.queue.has(str(path)):
-            deferring.queue.apply()  # read-your-writes: what this call queued lands first
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             chunks = []
@@ -589,25 +583,9 @@ class CgroupFS:
         self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None
     ) -> None:
         """Write ``value`` to ``file`` with one write(2). The file must exist (cgroup files are never
-        created), in a pod's or container's cgroup (:meth:`pod_path`). Then the listener is told.
-
-        In a deferring hook call (hooks/write_queue.py) an "ignore" plugin's write is checked
-        here and queued, to be made after the call has answered; any other write first applies
-        what the call queued, so writes land in the order they were made."""
+        created), in a pod's or container's cgroup (:meth:`pod_path`). Then the listener is told."""
         data = _format(value)
         path = self.pod_path(controller, parent, container_id, file)
-        deferring = write_queue.active()
-        if deferring is not None:
-            commit = functools.partial(self._commit, controller, file, data, parent, container_id, path)
-            if deferring.defer and deferring.queue.add(deferring.plugin, str(path), commit):
-                return
-            deferring.queue.apply()
-        self._commit(controller, file, data, parent, container_id, path)
-
-    def _commit(
-        self, controller: str, file: str, data: bytes, parent: str, container_id: str | None, path: Path
-    ) -> None:
-        """The write itself (path checked by :meth:`write`), its log line and the listener."""
         _write_file(path, data)
         # The directory below the hierarchy root, "." for the root (pod_path's are below it).
         cgroup = os.path.dirname(path)[len(str(self._hierarchy(controller))) + 1 :] or "."

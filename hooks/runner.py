@@ -25,7 +25,6 @@ from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.metrics import DURATION_BUCKETS
 
 from . import policy as policy_mod
-from . import write_queue
 from .changes import HookResponse
 from .convert import qos_of
 from .definition import FailurePolicy, Handler, Plugin
@@ -43,7 +42,6 @@ __all__ = [
     "PluginRunner",
     "ReconcileReport",
     "RunResult",
-    "pod_key",
 ]
 
 log = structlog.get_logger("runtimeproxy.hooks.sdk")
@@ -79,13 +77,6 @@ class PluginMetrics:
             "Values one plugin set that a later plugin replaced in the same hook call, by field "
             "(a map's name for its entries: annotations, labels, env, resources.unified).",
             ["field"],
-            registry=reg,
-        )
-        self.deferred_write_failures = Counter(
-            "runtimeproxy_hooks_deferred_write_failures",
-            "cgroup writes a plugin made at a hook call that failed when applied after the call had "
-            "answered (hooks/write_queue.py), by plugin and hook point; each is also logged.",
-            ["plugin", "hook"],
             registry=reg,
         )
 
@@ -191,7 +182,6 @@ class PluginRunner:
         self._odd_returns: set[str] = set()  # plugins warned about their reconcile return value
         self._states: dict[str, Any] = {}  # per plugin: what its state factory made, once
         self._state_failures: list[PluginFailure] = []
-        self._deferred: dict[str, write_queue.WriteQueue] = {}  # per pod: writes queued by its last hook call
         enabled = [available[name] for name in wanted - disabled]
         self._set_enabled(plugin for plugin in enabled if self._make_state(plugin))
 
@@ -271,30 +261,8 @@ class PluginRunner:
         pod: PodInfo,
         container: ContainerInfo | None = None,
         qos: QoSResolution | None = None,
-        defer_writes: bool = False,
     ) -> RunResult:
-        """Run ``point``'s handlers; the merged response. HookCallFailed when a "fail" plugin fails.
-
-        ``defer_writes``: the cgroup writes of "ignore" plugins are queued for the pod instead of
-        made (hooks/write_queue.py); the caller applies them with :meth:`apply_deferred` once it
-        has answered. Whatever an earlier call queued for the pod is applied first, either way."""
-        key = pod_key(pod)
-        self.apply_deferred(key)
-        queue = write_queue.WriteQueue(point.value, f"{pod.namespace}/{pod.name}", self._deferred_failed)
-        try:
-            return await self._run(point, pod, container, qos, queue if defer_writes else None)
-        finally:
-            if len(queue):
-                self._deferred[key] = queue
-
-    async def _run(
-        self,
-        point: HookPoint,
-        pod: PodInfo,
-        container: ContainerInfo | None,
-        qos: QoSResolution | None,
-        queue: write_queue.WriteQueue | None,
-    ) -> RunResult:
+        """Run ``point``'s handlers; the merged response. HookCallFailed when a "fail" plugin fails."""
         resolution = qos if qos is not None else qos_of(pod, container)
         policy = self.context.policy()
         result = RunResult(HookResponse(point.kind))
@@ -328,11 +296,7 @@ class PluginRunner:
                 "plugin": plugin,
                 "dry_run": self.context.dry_run,
             }
-            if queue is None:
-                outcome, reason, _ = await self._call(plugin, handler, point.value, kwargs)
-            else:
-                with write_queue.scope(queue, plugin.name, defer=plugin.failure_policy == "ignore"):
-                    outcome, reason, _ = await self._call(plugin, handler, point.value, kwargs)
+            outcome, reason, _ = await self._call(plugin, handler, point.value, kwargs)
             if outcome == "ok":
                 problems = response.problems()
                 if problems:
@@ -348,18 +312,6 @@ class PluginRunner:
                 raise HookCallFailed(failure)
             result.failures.append(failure)
         return result
-
-    def apply_deferred(self, pod: str | None = None, *, deadline: float | None = None) -> int:
-        """Apply the writes queued for ``pod`` (a :func:`pod_key`; None: every pod's) and close
-        their queues; how many were left unapplied because ``deadline`` (time.monotonic) passed."""
-        keys = list(self._deferred) if pod is None else [pod] if pod in self._deferred else []
-        cut = 0
-        for key in keys:
-            cut += self._deferred.pop(key).apply(deadline=deadline, close=True)
-        return cut
-
-    def _deferred_failed(self, plugin: str, hook: str, pod: str, exc: BaseException) -> None:
-        self.metrics.deferred_write_failures.labels(plugin=plugin, hook=hook).inc()
 
     async def start(self) -> list[PluginFailure]:
         """Call the on_start handlers. A failing "ignore" plugin is disabled (returned in the
@@ -380,9 +332,7 @@ class PluginRunner:
         return failures
 
     async def stop(self) -> list[PluginFailure]:
-        """Apply the deferred writes left, call the on_stop handlers (failures are logged and
-        returned), then close()."""
-        self.apply_deferred()
+        """Call the on_stop handlers (failures are logged and returned), then close()."""
         failures = []
         for plugin in reversed(self.plugins):
             failure = await self._lifecycle(plugin, _Stage.STOP)
@@ -409,7 +359,6 @@ class PluginRunner:
         it set back. A return value that is not an int >= 0 (or None, for 0) is logged and
         taken as 0; the call still counts as "ok"."""
         report = ReconcileReport()
-        self.apply_deferred()  # a round reads the cgroups: hook calls' queued writes land first
         policy = self.context.policy()  # each round: its hook calls have said it at info already
         viewed = tuple(self._view(pod, policy, log.debug, {"pod": f"{pod.namespace}/{pod.name}"}) for pod in pods)
         given = {
@@ -615,11 +564,6 @@ def _run_sync_handler(handler: Handler, kwargs: dict[str, Any]) -> Any:
             close()  # no "coroutine was never awaited" warning
         raise _ReturnedAwaitable(f"{handler.name} is not async def but returned an awaitable; declare it async def")
     return result
-
-
-def pod_key(pod: PodInfo) -> str:
-    """What deferred writes are kept by: the pod's uid, its namespace/name when it has none."""
-    return pod.uid or f"{pod.namespace}/{pod.name}"
 
 
 def _reason(exc: BaseException) -> str:

@@ -47,7 +47,6 @@ import grp
 import json
 import os
 import stat
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -67,7 +66,7 @@ from runtimeproxy.listener import UnixListener, open_unix_listener
 
 from .changes import HookResponse
 from .convert import resources_from_proto, resources_to_proto
-from .runner import HookCallFailed, PluginRunner, RunResult, pod_key
+from .runner import HookCallFailed, PluginRunner
 from .views import ContainerInfo, PodInfo
 
 __all__ = [
@@ -343,11 +342,7 @@ class RuntimeHooksServer:
             wait = self.settings.deregister_grace if deregister_grace is None else deregister_grace
             log.info("unregistered; serving on until the proxy has noticed", seconds=wait)
             await asyncio.sleep(wait)
-        grace = self.settings.stop_grace if grace is None else grace
-        await self._shutdown(grace)
-        cut = self.runner.apply_deferred(deadline=time.monotonic() + grace)
-        if cut:
-            log.error("stopped with deferred cgroup writes not applied", writes=cut, grace=grace)
+        await self._shutdown(self.settings.stop_grace if grace is None else grace)
         await self.runner.stop()
         log.info("stopped serving runtime hooks", endpoint=self.endpoint)
 
@@ -454,7 +449,7 @@ class RuntimeHooksServer:
                     pod, container = pod_from_request(request), None
                 else:
                     pod, container = pod_from_container_request(request), container_from_request(request)
-                result = await self._run(point, pod, container)
+                result = await self.runner.run(point, pod=pod, container=container)
                 if point.kind is HookKind.POD:
                     return pod_response(result.response)
                 return container_response(result.response)
@@ -466,15 +461,6 @@ class RuntimeHooksServer:
 
         call.__name__ = traced.__name__ = point.rpc
         return traced if trace.ON else call
-
-    async def _run(self, point: HookPoint, pod: PodInfo, container: ContainerInfo | None) -> RunResult:
-        """The plugins' answer, their cgroup writes deferred (hooks/write_queue.py): applied by a
-        callback the loop runs after this call's answer has been handed to grpc, or before the
-        pod's next hook call, whichever comes first."""
-        try:
-            return await self.runner.run(point, pod=pod, container=container, defer_writes=True)
-        finally:
-            asyncio.get_running_loop().call_soon(self.runner.apply_deferred, pod_key(pod))
 
 
 def _unimplemented(point: HookPoint) -> _Behaviour:
