@@ -4,7 +4,7 @@ Read from the compiled descriptor rather than spelled out, so that a field added
 proto reaches every user of these lists (merge rules, the store's view of updates, plugin
 test builders) instead of being silently left out of one of them. The hook API's
 ``LinuxContainerResources`` carries the same fields under the same numbers (protocol.py
-converts between the two by re-encoding; tests/test_dispatch_resource_fields.py checks it).
+converts between the two by re-encoding; tests/dispatch/test_dispatch_resource_fields.py checks it).
 """
 
 from __future__ import annotations

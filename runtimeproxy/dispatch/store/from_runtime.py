@@ -4,7 +4,7 @@ whose ``info["info"]`` JSON (containerd) holds the CRI config the object was cre
 
 What survives that round trip through containerd 1.6.20 and 1.7.24 (Debian's builds, whose
 verbose info has the same shape; checked against both real daemons by
-tests/test_dispatch_store.py): every field of `SandboxEntry` and `ContainerEntry` -
+tests/dispatch/test_dispatch_store.py): every field of `SandboxEntry` and `ContainerEntry` -
 metadata, labels, annotations, cgroup parent, runtime handler, the pod's
 ``linux.resources`` and ``linux.overhead`` (hugepages, unified and swap included), the
 container's resources, env order and values (``=``, empty, non-ASCII) and image. Lost

@@ -3,7 +3,7 @@
 The test bed is trixie's containerd 1.7.24 with NRI on (``Containerd(nri=True)``: its socket in
 the bed's temporary root). ``runtime-hooks serve --nri-socket`` runs as a subprocess with the
 built-in plugins, the example plugin (envstamp) and the fake resctrl tree of
-tests/test_e2e_runtime_hooks.py; pods are created with the CRI client directly on containerd.
+tests/e2e/test_e2e_runtime_hooks.py; pods are created with the CRI client directly on containerd.
 Parity: the same pods are then run through ``runtime-proxy serve`` with runtime-hooks in proxy
 mode on the same containerd, and every value read back (real cgroup v1 files, the container's
 environment, the fake resctrl tree) must be equal, and equal to the values worked out by hand.
@@ -34,7 +34,7 @@ from runtimeproxy.testbed import Containerd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.containerd_series("1.7")]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ENVSTAMP_SRC = REPO / "examples" / "rtpx-plugin-envstamp" / "src" / "rtpx_plugin_envstamp"
 ENVSTAMP_DIST = "rtpx_plugin_envstamp-1.0.0.dist-info"
 RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
@@ -50,7 +50,7 @@ def nri_containerd() -> Iterator[Containerd]:
 
 
 class NriNode(Node):
-    """Node of tests/test_e2e_runtime_hooks.py, with the example plugin as the extra plugin and a
+    """Node of tests/e2e/test_e2e_runtime_hooks.py, with the example plugin as the extra plugin and a
     way to start runtime-hooks as an NRI plugin alone (no proxy, no registration directory)."""
 
     def _write_extra_plugins(self) -> Path:

@@ -17,7 +17,7 @@ from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.dispatch import protocol, resource_fields
 from runtimeproxy.dispatch.limits import validate_resources
 
-PROTO = Path(__file__).resolve().parents[1] / "api" / "runtime" / "v1" / "api.proto"
+PROTO = Path(__file__).resolve().parents[2] / "api" / "runtime" / "v1" / "api.proto"
 int64s = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 texts = st.text(max_size=8)
 page_sizes = st.sampled_from(["2MB", "1GB", "bad"])

@@ -21,7 +21,7 @@ from runtimeproxy.hooks.reconciler import DEFAULT_RUNTIME_ENDPOINT
 from runtimeproxy.hooks.server import DEFAULT_ENDPOINT, DEFAULT_HOOK_CONFIG_DIR, ServerSettings
 from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v2
 
-SYSTEMD = Path(__file__).resolve().parents[1] / "systemd"
+SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD / "runtime-hooks.service"
 ENV_FILE = SYSTEMD / "runtime-hooks.env"
 PROXY_UNIT = SYSTEMD / "runtime-proxy.service"

@@ -34,7 +34,7 @@ from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "rtpx-plugin-envstamp"
 DIST = "rtpx-plugin-envstamp"
 HOOKS = [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()"]

@@ -42,7 +42,7 @@ from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 from runtimeproxy.hooks.testkit.resctrl import FakeResctrl, make_fake_resctrl
 
-PODS = Path(__file__).parent / "data" / "pods"
+PODS = Path(__file__).parents[1] / "data" / "pods"
 GI = 1 << 30
 
 

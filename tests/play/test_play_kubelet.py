@@ -28,7 +28,7 @@ from runtimeproxy.play.pod_resources import pod_limits, pod_requests
 from runtimeproxy.play.qos import KubeQoSClass, pod_qos_class
 from runtimeproxy.play.runner import PlayError, delete, play
 
-PODS = Path(__file__).parent / "data" / "pods"
+PODS = Path(__file__).parents[1] / "data" / "pods"
 GI = 1024**3
 UID = "11111111-2222-4333-8444-555555555555"
 

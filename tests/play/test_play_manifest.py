@@ -22,7 +22,7 @@ from runtimeproxy.play.manifest import (
     parse_quantity_value,
 )
 
-PODS = Path(__file__).parent / "data" / "pods"
+PODS = Path(__file__).parents[1] / "data" / "pods"
 
 MINIMAL = """\
 apiVersion: v1

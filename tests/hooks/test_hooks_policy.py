@@ -40,7 +40,7 @@ from runtimeproxy.hooks.settings import SectionSettings
 from structlog.testing import capture_logs
 
 LSE, LSR, LS, BE, SYSTEM = QoSClass
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUILTINS = (cpu.plugin, cpuset.plugin, resctrl.plugin, memory.plugin, network.plugin, gpu.plugin)
 SPECS = settings_specs(BUILTINS)
 DEFAULTS = default_policy(SPECS)

@@ -28,7 +28,7 @@ from google.protobuf.message import Message
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2, api_pb2_grpc
 
-FIXTURE = Path(__file__).resolve().parent / "data" / "koordinator" / "api.proto"
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "koordinator" / "api.proto"
 # Git blob id of apis/runtime/v1alpha1/api.proto in koordinator-sh/koordinator v1.8.0
 # (commit 989ca85c62abcca92b303aa12fd2ccff2ed30fed); the file is unchanged since v0.7.0.
 FIXTURE_BLOB = "53f8c6fc3d27d408966f2e8518a2a86ec85b7555"

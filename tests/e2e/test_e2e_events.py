@@ -1,7 +1,7 @@
 """GetContainerEvents through the proxy (``runtime-proxy serve``) against a real containerd 1.7,
 with and without hook servers registered.
 
-containerd 1.6 answers GetContainerEvents with UNIMPLEMENTED (tests/test_e2e_proxy.py checks
+containerd 1.6 answers GetContainerEvents with UNIMPLEMENTED (tests/e2e/test_e2e_proxy.py checks
 the proxy relays that as it is); 1.7 streams events, and how it does so shapes what a client
 sees (containerd 1.7 ``GetContainerEvents``, upstream issue 7318):
 

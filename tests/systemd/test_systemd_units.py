@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SYSTEMD = Path(__file__).resolve().parents[1] / "systemd"
+SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD / "runtime-proxy.service"
 ENV_FILE = SYSTEMD / "runtime-proxy.env"
 DROP_IN = SYSTEMD / "kubelet.service.d" / "10-runtime-proxy.conf"

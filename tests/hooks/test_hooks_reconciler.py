@@ -36,7 +36,7 @@ from runtimeproxy.play.manifest import load_pod
 from runtimeproxy.play.runner import delete, play
 from runtimeproxy.testbed import Containerd
 
-PODS = Path(__file__).parent / "data" / "pods"
+PODS = Path(__file__).parents[1] / "data" / "pods"
 GI = 1 << 30
 
 

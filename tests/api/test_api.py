@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from runtimeproxy.api import generate
 from runtimeproxy.api.runtime.v1 import api_pb2, api_pb2_grpc
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "runtimeproxy" / "api"
 
 
