@@ -359,7 +359,7 @@ def test_the_id_mask_has_bit_n_percent_8_of_byte_n_div_8(ids: frozenset[int]) ->
 # --- what reaches systemd -------------------------------------------------------------------------
 
 
-async def test_a_be_pods_batch_quota_is_set_on_its_slice(
+async def test_a_be_pods_batch_quota_and_shares_are_set_on_its_slice(
     tmp_path: Path, bus_address: str, systemd: FakeManager
 ) -> None:
     node = make_node(tmp_path, bus_address)
@@ -374,7 +374,8 @@ async def test_a_be_pods_batch_quota_is_set_on_its_slice(
         Call(
             slice_of(p.cgroup_parent),
             True,
-            [("CPUQuotaPerSecUSec", "t", 1_500_000), ("CPUQuotaPeriodUSec", "t", 100_000)],
+            # batch-cpu: limit 1500m as the quota; request 500m as shares 512, cpu.weight 20.
+            [("CPUQuotaPerSecUSec", "t", 1_500_000), ("CPUQuotaPeriodUSec", "t", 100_000), ("CPUWeight", "t", 20)],
         )
     ]
     assert node.sets("ok") == 1 and node.sets("unreachable") == 0
@@ -760,7 +761,11 @@ async def test_runtime_hooks_serve_sets_the_properties_of_what_its_plugins_write
             bus.disconnect()
         assert tree.read(p.cgroup_parent, "cpu.max") == "200000 100000"
         assert [(call.unit, call.runtime, call.values()) for call in manager.calls] == [
-            (slice_of(p.cgroup_parent), True, {"CPUQuotaPerSecUSec": 2_000_000, "CPUQuotaPeriodUSec": 100_000})
+            (
+                slice_of(p.cgroup_parent),
+                True,
+                {"CPUQuotaPerSecUSec": 2_000_000, "CPUQuotaPeriodUSec": 100_000, "CPUWeight": 20},
+            )
         ]
         events = [record.get("event") for record in daemon.records()]
         assert "systemd unit properties on" in events and "unit properties set" in events, daemon.log()
