@@ -29,7 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from relay_bench import Client, Proxy, Service, background_cpus, percentile, verdict, workdir
+from relay_bench import (
+    Client,
+    Proxy,
+    Service,
+    background_cpus,
+    percentile,
+    timed_run,
+    verdict,
+    workdir,
+    write_figures,
+)
 from relay_client import machine_cpu_seconds
 from runtimeproxy.hooks.server import write_registration
 
@@ -575,15 +585,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    if os.geteuid() != 0:
-        sys.exit("hooks_bench.py runs containerd and must run as root")
-    began = time.monotonic()
-    report = run_bench(args)
-    report["timings"]["total_s"] = time.monotonic() - began
+    report = timed_run("hooks_bench.py", run_bench, args)
     print_report(report)
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nFigures written to {args.json}")
+    write_figures(args.json, report)
     missing = check_hook_calls(report)
     if missing:
         sys.exit(f"the hook server was never called for: {', '.join(missing)}")

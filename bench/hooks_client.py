@@ -22,16 +22,14 @@ Jobs:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import sys
 import time
 from typing import Any
 
 import grpc
 import grpc.aio
 from hooks_server import PROBE_KEY  # bench/ is on sys.path when run as a script
-from relay_client import process_cpu_seconds
+from relay_client import by_op, process_cpu_seconds, serve_jobs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
@@ -74,7 +72,6 @@ def sandbox_config(pod: dict[str, str]) -> Any:
 
 async def start_pod(cri: Cri, pod: dict[str, str], image: str) -> tuple[str, str, list[float]]:
     """RunPodSandbox, CreateContainer, StartContainer: (pod id, container id, step seconds)."""
-    clock = time.perf_counter
     config = sandbox_config(pod)
     container = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name="sleeper"),
@@ -83,6 +80,13 @@ async def start_pod(cri: Cri, pod: dict[str, str], image: str) -> tuple[str, str
         envs=[pb.KeyValue(key="BENCH", value=b"hooks")],
         annotations={"io.kubernetes.container.name": "sleeper"},
     )
+    return await run_timed(cri, config, container)
+
+
+async def run_timed(cri: Cri, config: Any, container: Any) -> tuple[str, str, list[float]]:
+    """The pod `config` with one `container` started, each step timed: (pod id, container id,
+    seconds of RunPodSandbox, CreateContainer, StartContainer)."""
+    clock = time.perf_counter
     t0 = clock()
     pod_id = (await cri("RunPodSandbox", pb.RunPodSandboxRequest(config=config),
                         pb.RunPodSandboxResponse)).pod_sandbox_id
@@ -236,23 +240,5 @@ async def run_spaced(job: dict[str, Any]) -> dict[str, Any]:
     return {"latencies": latencies}
 
 
-async def serve_jobs() -> None:
-    loop = asyncio.get_running_loop()
-    ops = {"pods": run_pods, "probe": run_probe, "spaced": run_spaced}
-    while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            return
-        try:
-            job = json.loads(line)
-            answer = await ops[job["op"]](job)
-        except grpc.RpcError as err:
-            answer = {"error": f"{err.code()}: {err.details()}"}
-        except Exception as err:  # reported to the parent, which stops the bench
-            answer = {"error": f"{type(err).__name__}: {err}"}
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
-
-
 if __name__ == "__main__":
-    asyncio.run(serve_jobs())
+    asyncio.run(serve_jobs(by_op({"pods": run_pods, "probe": run_probe, "spaced": run_spaced})))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import shutil
@@ -39,7 +38,7 @@ import grpc.aio
 from hooks_bench import pod_spec  # bench/ is on sys.path when run as a script
 from hooks_client import Cri, remove_pod
 from prometheus_client.parser import text_string_to_metric_families
-from relay_bench import Proxy, workdir
+from relay_bench import Proxy, require_root, workdir, write_figures
 from runtime_hooks_bench import KINDS, POLICY, HookedProxy, PluginMetrics, RuntimeHooks, fake_resctrl, scratch_dir
 from runtime_hooks_client import KUBE_QOS, start_pod
 
@@ -584,14 +583,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    if os.geteuid() != 0:
-        sys.exit("leak_bench.py runs containerd and must run as root")
+    require_root("leak_bench.py")
     report = run_bench(args)
     print_report(report)
-    if args.json is not None:
-        report["run"]["samples"] = [asdict(s) for s in report["run"]["samples"]]
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"Figures written to {args.json}")
+    report["run"]["samples"] = [asdict(s) for s in report["run"]["samples"]]
+    write_figures(args.json, report)
     sys.exit(1 if report["failures"] else 0)
 
 

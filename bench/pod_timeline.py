@@ -32,7 +32,7 @@ from typing import Any
 
 from hooks_bench import CLIENT_SCRIPT as HOOKS_CLIENT_SCRIPT
 from hooks_bench import HookServer, interleaved, paired, pod_spec, register_hook_server
-from relay_bench import Client, Proxy, background_cpus, percentile, workdir
+from relay_bench import Client, Proxy, background_cpus, percentile, require_root, workdir
 from runtime_hooks_bench import CLIENT_SCRIPT, KINDS, POLICY, HookedProxy, fake_resctrl, scratch_dir
 from runtime_hooks_client import KUBE_QOS
 
@@ -380,8 +380,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.pods < 1 or args.rounds < 1 or args.warmup_pods < 0:
         parser.error("--pods and --rounds must be at least 1, --warmup-pods at least 0")
-    if os.geteuid() != 0:
-        sys.exit("pod_timeline.py runs containerd and must run as root")
+    require_root("pod_timeline.py")
     began = time.monotonic()
     with workdir() as work, scratch_dir() as scratch:
         (work / "policy.yaml").write_text(POLICY)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,54 +206,73 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-@dataclass
-class Series:
-    """Every timed run of one (method, callers, target), pooled over the rounds."""
+@dataclass(kw_only=True)
+class CallTimes:
+    """Latencies and client/machine CPU of a client's timed call runs, pooled over the rounds; the
+    subclasses add the CPU of the processes they watch."""
 
-    method: str
-    concurrency: int
-    target: str
     latencies: list[float] = field(default_factory=list)
     wall: float = 0.0
     client_cpu: float = 0.0
-    proxy_cpu: float = 0.0
-    proxy_system_cpu: float = 0.0
-    containerd_cpu: float = 0.0
     machine_busy_cpu: float = 0.0
     machine_total_cpu: float = 0.0
     round_p50_ms: list[float] = field(default_factory=list)
 
-    def add(self, answer: dict[str, Any]) -> None:
+    def add_times(self, answer: dict[str, Any]) -> None:
         latencies = answer["latencies"]
         self.latencies += latencies
         self.wall += answer["wall"]
         self.client_cpu += answer["client_cpu"]
-        proxy_user, proxy_system = answer["watched_cpu"]["proxy"]
-        self.proxy_cpu += proxy_user + proxy_system
-        self.proxy_system_cpu += proxy_system
-        self.containerd_cpu += sum(answer["watched_cpu"]["containerd"])
         self.machine_busy_cpu += answer["machine_busy_cpu"]
         self.machine_total_cpu += answer["machine_total_cpu"]
         self.round_p50_ms.append(percentile(sorted(latencies), 0.5) * 1e3)
 
-    def summary(self) -> dict[str, Any]:
+    def per_call_us(self) -> float:
+        """Multiplier from pooled CPU seconds to microseconds per call."""
+        return 1e6 / len(self.latencies) if self.latencies else math.nan
+
+    def times_summary(self) -> dict[str, Any]:
         ordered = sorted(self.latencies)
         calls = len(ordered)
-        per_call_us = 1e6 / calls if calls else math.nan
-        ours = self.client_cpu + self.proxy_cpu + self.containerd_cpu
         return {
             "calls": calls,
             "p50_ms": percentile(ordered, 0.5) * 1e3,
             "p99_ms": percentile(ordered, 0.99) * 1e3,
             "calls_per_s": calls / self.wall if self.wall else math.nan,
-            "client_cpu_us_per_call": self.client_cpu * per_call_us,
+            "client_cpu_us_per_call": self.client_cpu * self.per_call_us(),
+            # Share of all CPUs busy during the timed calls.
+            "machine_busy": self.machine_busy_cpu / self.machine_total_cpu if self.machine_total_cpu else math.nan,
+            "round_p50_ms": self.round_p50_ms,
+        }
+
+
+@dataclass
+class Series(CallTimes):
+    """Every timed run of one (method, callers, target), pooled over the rounds."""
+
+    method: str
+    concurrency: int
+    target: str
+    proxy_cpu: float = 0.0
+    proxy_system_cpu: float = 0.0
+    containerd_cpu: float = 0.0
+
+    def add(self, answer: dict[str, Any]) -> None:
+        self.add_times(answer)
+        proxy_user, proxy_system = answer["watched_cpu"]["proxy"]
+        self.proxy_cpu += proxy_user + proxy_system
+        self.proxy_system_cpu += proxy_system
+        self.containerd_cpu += sum(answer["watched_cpu"]["containerd"])
+
+    def summary(self) -> dict[str, Any]:
+        per_call_us = self.per_call_us()
+        ours = self.client_cpu + self.proxy_cpu + self.containerd_cpu
+        return self.times_summary() | {
             "proxy_cpu_us_per_call": self.proxy_cpu * per_call_us,
             "proxy_system_cpu_us_per_call": self.proxy_system_cpu * per_call_us,
             "containerd_cpu_us_per_call": self.containerd_cpu * per_call_us,
-            # Share of all CPUs busy, and CPUs' worth used by processes other than the three.
-            "machine_busy": self.machine_busy_cpu / self.machine_total_cpu if self.machine_total_cpu else math.nan,
+            # CPUs' worth used by processes other than the three.
             "other_cpus": max(0.0, self.machine_busy_cpu - ours) / self.wall if self.wall else math.nan,
-            "round_p50_ms": self.round_p50_ms,
         }
 
 
@@ -535,20 +554,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def require_root(script: str) -> None:
+    """Every bench starts its own containerd, which needs root."""
+    if os.geteuid() != 0:
+        sys.exit(f"{script} runs containerd and must run as root")
+
+
+def timed_run(script: str, run: Callable[[argparse.Namespace], dict[str, Any]],
+              args: argparse.Namespace) -> dict[str, Any]:
+    """`run(args)`'s report, its "timings" completed with the total wall time."""
+    require_root(script)
+    began = time.monotonic()
+    report = run(args)
+    report["timings"]["total_s"] = time.monotonic() - began
+    return report
+
+
+def write_figures(path: Path | None, report: dict[str, Any]) -> None:
+    """--json: the report as JSON, when asked for."""
+    if path is not None:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"\nFigures written to {path}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    if os.geteuid() != 0:
-        sys.exit("relay_bench.py runs containerd and must run as root")
-    began = time.monotonic()
-    report = run_bench(args)
-    report["timings"]["total_s"] = time.monotonic() - began
+    report = timed_run("relay_bench.py", run_bench, args)
     print_report(report)
     if "profile" in report:
         row = next(r for r in report["results"] if r["method"] == "ListContainers" and r["concurrency"] == 16)
         print_profile(report["profile"], row["proxy"]["proxy_cpu_us_per_call"])
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"\nFigures written to {args.json}")
+    write_figures(args.json, report)
 
 
 if __name__ == "__main__":

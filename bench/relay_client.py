@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,14 +122,19 @@ async def run_job(job: Job) -> dict[str, Any]:
     }
 
 
-async def serve_jobs() -> None:
+JobHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def serve_jobs(handle: JobHandler) -> None:
+    """The client protocol every bench client speaks: one JSON job a line on stdin, one JSON answer
+    a line on stdout (an "error" answer when the job failed), until stdin closes."""
     loop = asyncio.get_running_loop()
     while True:
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line:
             return
         try:
-            answer = await run_job(Job(**json.loads(line)))
+            answer = await handle(json.loads(line))
         except grpc.RpcError as err:
             answer = {"error": f"{err.code()}: {err.details()}"}
         except Exception as err:  # reported to the parent, which stops the bench
@@ -137,5 +143,18 @@ async def serve_jobs() -> None:
         sys.stdout.flush()
 
 
+def by_op(ops: dict[str, JobHandler]) -> JobHandler:
+    """A handler that hands each job to ops[job["op"]] (an unknown op answers an error)."""
+
+    async def handle(job: dict[str, Any]) -> dict[str, Any]:
+        return await ops[job["op"]](job)
+
+    return handle
+
+
+async def run_job_line(job: dict[str, Any]) -> dict[str, Any]:
+    return await run_job(Job(**job))
+
+
 if __name__ == "__main__":
-    asyncio.run(serve_jobs())
+    asyncio.run(serve_jobs(run_job_line))

@@ -38,7 +38,18 @@ from typing import Any
 import hooks_bench  # bench/ is on sys.path when run as a script
 from hooks_bench import HookServer, Series, compare, fmt_paired, interleaved, pod_spec, wait_for_metrics
 from prometheus_client.parser import text_string_to_metric_families
-from relay_bench import Client, Proxy, Service, background_cpus, percentile, verdict, workdir
+from relay_bench import (
+    CallTimes,
+    Client,
+    Proxy,
+    Service,
+    background_cpus,
+    percentile,
+    timed_run,
+    verdict,
+    workdir,
+    write_figures,
+)
 from relay_client import machine_cpu_seconds
 from runtime_hooks_client import KUBE_QOS, container_config, sandbox_config
 from runtimeproxy.hooks.cgroups import CgroupFS
@@ -300,50 +311,30 @@ class PluginMetrics:
 
 
 @dataclass
-class HookSeries:
+class HookSeries(CallTimes):
     """Every timed run of one (hook point, callers), pooled over the rounds."""
 
-    latencies: list[float] = field(default_factory=list)
-    wall: float = 0.0
-    client_cpu: float = 0.0
     server_cpu: float = 0.0
     server_system_cpu: float = 0.0
-    machine_busy_cpu: float = 0.0
-    machine_total_cpu: float = 0.0
-    round_p50_ms: list[float] = field(default_factory=list)
     plugins: PluginMetrics = field(default_factory=PluginMetrics)
     checked: list[str] = field(default_factory=list)
 
     def add(self, answer: dict[str, Any], plugins: PluginMetrics | None) -> None:
-        self.latencies += answer["latencies"]
-        self.wall += answer["wall"]
-        self.client_cpu += answer["client_cpu"]
+        self.add_times(answer)
         user, system = answer["watched_cpu"]["server"]
         self.server_cpu += user + system
         self.server_system_cpu += system
-        self.machine_busy_cpu += answer["machine_busy_cpu"]
-        self.machine_total_cpu += answer["machine_total_cpu"]
-        self.round_p50_ms.append(percentile(sorted(answer["latencies"]), 0.5) * 1e3)
         if plugins is not None:
             self.plugins.add(plugins)
         self.checked = answer["checked"]
 
     def summary(self, hook: str) -> dict[str, Any]:
-        ordered = sorted(self.latencies)
-        calls = len(ordered)
-        per_call_us = 1e6 / calls if calls else math.nan
+        per_call_us = self.per_call_us()
         plugin_ms = self.plugins.mean_ms(hook)
-        return {
-            "calls": calls,
-            "calls_per_s": calls / self.wall if self.wall else math.nan,
-            "p50_ms": percentile(ordered, 0.5) * 1e3,
-            "p99_ms": percentile(ordered, 0.99) * 1e3,
-            "mean_ms": statistics.fmean(ordered) * 1e3 if ordered else math.nan,
-            "client_cpu_us_per_call": self.client_cpu * per_call_us,
+        return self.times_summary() | {
+            "mean_ms": statistics.fmean(self.latencies) * 1e3 if self.latencies else math.nan,
             "server_cpu_us_per_call": self.server_cpu * per_call_us,
             "server_system_cpu_us_per_call": self.server_system_cpu * per_call_us,
-            "machine_busy": self.machine_busy_cpu / self.machine_total_cpu if self.machine_total_cpu else math.nan,
-            "round_p50_ms": self.round_p50_ms,
             "plugin_mean_ms": plugin_ms,
             "plugins_sum_ms": sum(plugin_ms.values()),
             "plugin_failures": self.plugins.failures(),
@@ -805,11 +796,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    if os.geteuid() != 0:
-        sys.exit("runtime_hooks_bench.py runs containerd and must run as root")
-    began = time.monotonic()
-    report = run_bench(args)
-    report["timings"]["total_s"] = time.monotonic() - began
+    report = timed_run("runtime_hooks_bench.py", run_bench, args)
     print(f"\nruntime-hooks bench: {report['environment']['cpus']} CPUs, Python {report['environment']['python']}; "
           f"background load before the runs: {report['environment']['background_cpus']:.2f} CPUs busy")
     if "hook_calls" in report:
@@ -820,9 +807,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     t = report["timings"]
     print(f"\nWall time: hook calls {t['hook_calls_s']:.1f} s, pod starts {t['pod_starts_s']:.1f} s, "
           f"total {t['total_s']:.1f} s")
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"Figures written to {args.json}")
+    write_figures(args.json, report)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import base64
 import itertools
 import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -34,7 +33,7 @@ import grpc
 import grpc.aio
 import hooks_client  # bench/ is on sys.path when run as a script
 from hooks_client import HOOK_SERVICE, Cri
-from relay_client import machine_cpu_seconds, process_cpu_seconds, run_calls
+from relay_client import by_op, machine_cpu_seconds, process_cpu_seconds, run_calls, serve_jobs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
@@ -112,20 +111,10 @@ def container_config(pod: dict[str, str], image: str) -> Any:
 async def start_pod(cri: Cri, pod: dict[str, str], image: str) -> tuple[str, str, list[float]]:
     """RunPodSandbox, CreateContainer, StartContainer of this module's pod shapes: (pod id,
     container id, step seconds). Takes the place of hooks_client.start_pod (same contract)."""
-    clock = time.perf_counter
     config = sandbox_config(pod)
     container = container_config(pod, image)
     make_pod_cgroup(config.linux.cgroup_parent)  # as kubelet does before RunPodSandbox, untimed
-    t0 = clock()
-    pod_id = (await cri("RunPodSandbox", pb.RunPodSandboxRequest(config=config),
-                        pb.RunPodSandboxResponse)).pod_sandbox_id
-    t1 = clock()
-    request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=container, sandbox_config=config)
-    container_id = (await cri("CreateContainer", request, pb.CreateContainerResponse)).container_id
-    t2 = clock()
-    await cri("StartContainer", pb.StartContainerRequest(container_id=container_id), pb.StartContainerResponse)
-    t3 = clock()
-    return pod_id, container_id, [t1 - t0, t2 - t1, t3 - t2]
+    return await hooks_client.run_timed(cri, config, container)
 
 
 def make_pod_cgroup(parent: str, root: str = "/sys/fs/cgroup") -> None:
@@ -191,23 +180,5 @@ async def run_hooks(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def serve_jobs() -> None:
-    loop = asyncio.get_running_loop()
-    ops = {"hooks": run_hooks, "pods": hooks_client.run_pods}
-    while True:
-        line = await loop.run_in_executor(None, sys.stdin.readline)
-        if not line:
-            return
-        try:
-            job = json.loads(line)
-            answer = await ops[job["op"]](job)
-        except grpc.RpcError as err:
-            answer = {"error": f"{err.code()}: {err.details()}"}
-        except Exception as err:  # reported to the parent, which stops the bench
-            answer = {"error": f"{type(err).__name__}: {err}"}
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
-
-
 if __name__ == "__main__":
-    asyncio.run(serve_jobs())
+    asyncio.run(serve_jobs(by_op({"hooks": run_hooks, "pods": hooks_client.run_pods})))

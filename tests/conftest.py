@@ -23,7 +23,7 @@ from runtimeproxy.testbed import Containerd, ContainerdBuild, RuntimeFetchError
 from runtimeproxy.testbed.runtimes import SERIES_SUITES, locate
 
 # Fixtures shared by several test modules, kept beside their helpers.
-pytest_plugins = ("hook_bed",)
+pytest_plugins = ("hook_bed", "fake_dists", "plugin_runners")
 
 # containerd's own binaries come from each build (runtimes.BINARIES); these from the system.
 _REQUIRED_BINARIES = ("runc", "mount", "ip")

@@ -8,19 +8,30 @@ with the benchmarks; they are re-exported here for the tests. `spawn_hooks_serve
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.daemons import DROP_ENV, STOP_TIMEOUT, Daemon, eventually
 from runtimeproxy.testbed.podcgroups import remove_pod_cgroups
 from runtimeproxy.testbed.serve_args import hooks_serve_args, proxy_serve_args
 
-__all__ = ["DROP_ENV", "HOOKS_CLI", "Daemon", "ProxyAndHooks", "eventually", "spawn_hooks_serve"]
+__all__ = [
+    "DROP_ENV",
+    "HOOKS_CLI",
+    "Daemon",
+    "ProxyAndHooks",
+    "eventually",
+    "log_events",
+    "reap",
+    "spawn_hooks_serve",
+]
 
 # runtime-hooks from this interpreter's package, not an installed script (it may be older).
 HOOKS_CLI = [sys.executable, "-c", "from runtimeproxy.hooks.cli import main; main()"]
@@ -30,6 +41,19 @@ def spawn_hooks_serve(env: Mapping[str, str]) -> subprocess.Popen[str]:
     """``runtime-hooks serve`` whose settings are all in ``env`` (its whole environment), its
     output piped as text; the caller stops it."""
     return subprocess.Popen([*HOOKS_CLI, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def reap(process: subprocess.Popen[str]) -> None:
+    """Kill `process` and wait for it if it still runs: the cleanup after a test that meant to stop
+    it (and may have failed before)."""
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+
+def log_events(output: str) -> list[dict[str, Any]]:
+    """The JSON log records in a daemon's output (a line may carry a prefix before its record)."""
+    return [json.loads(line[line.index("{") :]) for line in output.splitlines() if "{" in line]
 
 
 class ProxyAndHooks:

@@ -437,6 +437,19 @@ class RawServer(UnixServer):
         )
 
 
+def grpc_request_headers(path: str, metadata: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    """The headers of a gRPC request for `path` as a client sends them (unencoded), `metadata` last."""
+    return [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        *metadata,
+    ]
+
+
 def direct_channel(path: str) -> grpc.aio.Channel:
     """A client channel straight to a backend, with the same options as a proxied one."""
     return grpc.aio.insecure_channel(f"unix://{path}", options=[*CLIENT_OPTIONS, ("grpc.use_local_subchannel_pool", 1)])
@@ -521,16 +534,7 @@ class RawH2Client:
 
     def request_headers(self, path: str, metadata: Sequence[tuple[str, str]] = ()) -> bytes:
         """An encoded header block for a gRPC request (updates this client's HPACK table)."""
-        headers = [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", path),
-            (":authority", "localhost"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            *metadata,
-        ]
-        block: bytes = self.encoder.encode(headers)
+        block: bytes = self.encoder.encode(grpc_request_headers(path, metadata))
         return block
 
     def start_call(

@@ -62,6 +62,10 @@ class NotApplied:
     def add(self, name: str, why: str) -> None:
         self.fields.append((name, why))
 
+    def add_keys(self, name: str, keys: Iterable[str], why: str) -> None:
+        """Each key of a map field the answer set, as ``name[key]``."""
+        self.fields += ((f"{name}[{key}]", why) for key in keys)
+
     def __bool__(self) -> bool:
         return bool(self.fields)
 
@@ -200,10 +204,8 @@ def resources_update(container_id: str, response: HookResponse) -> tuple[list[An
     when it changes no resource), and what NRI cannot apply at an update."""
     not_applied = NotApplied()
     resources = resources_to_nri(response.resources, not_applied)
-    for name in response.env:
-        not_applied.add(f"env[{name}]", "NRI updates change resources only")
-    for key in response.annotations:
-        not_applied.add(f"annotations[{key}]", "NRI updates change resources only")
+    not_applied.add_keys("env", response.env, "NRI updates change resources only")
+    not_applied.add_keys("annotations", response.annotations, "NRI updates change resources only")
     if response.cgroup_parent:
         not_applied.add("cgroup_parent", "NRI cannot move a pod's cgroup")
     if resources is None:
@@ -217,10 +219,8 @@ def pod_response_not_applied(response: HookResponse) -> NotApplied:
     """What a pod hook's answer set: NRI pod events are notifications, so none of it applies
     (pod-level cgroup values are the plugins' own node writes, which do happen)."""
     not_applied = NotApplied()
-    for key in response.labels:
-        not_applied.add(f"labels[{key}]", "NRI pod events take no answer")
-    for key in response.annotations:
-        not_applied.add(f"annotations[{key}]", "NRI pod events take no answer")
+    not_applied.add_keys("labels", response.labels, "NRI pod events take no answer")
+    not_applied.add_keys("annotations", response.annotations, "NRI pod events take no answer")
     if response.cgroup_parent:
         not_applied.add("cgroup_parent", "NRI pod events take no answer")
     if not response.resources.is_empty():

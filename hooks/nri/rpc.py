@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -29,9 +28,12 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb
+from runtimeproxy.relay.grpc_wire import CODE_NAMES, StatusCode
 
 from .ttrpc import Frame, FrameDecoder, MessageType, Oversized, encode_frame
 
+# ttrpc answers with gRPC's status codes (containerd/ttrpc server.go uses google.golang.org/grpc/codes):
+# one table, the relay's.
 __all__ = ["Method", "RpcError", "StatusCode", "TtrpcClient", "TtrpcServer"]
 
 log = structlog.get_logger("runtimeproxy.hooks.nri.rpc")
@@ -39,22 +41,6 @@ log = structlog.get_logger("runtimeproxy.hooks.nri.rpc")
 #: A served method: the request payload and the seconds left before the caller's deadline
 #: (None: it set none) -> the response payload.
 Method = Callable[[bytes, float | None], Awaitable[bytes]]
-
-
-class StatusCode(enum.IntEnum):
-    """The gRPC status codes ttrpc uses."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
 
 
 class RpcError(Exception):
@@ -67,10 +53,7 @@ class RpcError(Exception):
 
 
 def _code_name(code: int) -> str:
-    try:
-        return StatusCode(code).name
-    except ValueError:
-        return f"code {code}"
+    return CODE_NAMES.get(code, f"code {code}")
 
 
 class TtrpcServer:

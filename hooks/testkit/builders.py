@@ -220,24 +220,32 @@ def _pod_meta(info: PodInfo) -> Any:
     return hook_pb.PodSandboxMetadata(name=info.name, uid=info.uid, namespace=info.namespace, attempt=info.attempt)
 
 
+def _set_resources(request: Any, field: str, resources: Resources | None) -> None:
+    if resources is not None:
+        getattr(request, field).CopyFrom(_resources_message(resources))
+
+
+def _set_pod(request: Any, info: PodInfo, prefix: str) -> None:
+    """The pod fields of a hook request as the server reads them back (hooks/server.py
+    ``_pod_info``): container requests name them ``pod_labels`` etc."""
+    request.pod_meta.CopyFrom(_pod_meta(info))
+    request.runtime_handler = info.runtime_handler
+    request.pod_sandbox_id = info.sandbox_id
+    getattr(request, prefix + "labels").update(info.labels)
+    getattr(request, prefix + "annotations").update(info.annotations)
+    setattr(request, prefix + "cgroup_parent", info.cgroup_parent)
+    _set_resources(request, prefix + "resources", info.resources)
+    _set_resources(request, prefix + "overhead", info.overhead)
+
+
 def pod_request(info: PodInfo | None = None, /, **fields: Any) -> Any:
     """The PodSandboxHookRequest the proxy sends for the pod ``info`` (default: ``pod(**fields)``)."""
     if info is None:
         info = _new_pod(**fields)
     elif fields:
         raise TypeError("pod_request takes a PodInfo or pod() arguments, not both")
-    request = hook_pb.PodSandboxHookRequest(
-        pod_meta=_pod_meta(info),
-        runtime_handler=info.runtime_handler,
-        labels=dict(info.labels),
-        annotations=dict(info.annotations),
-        cgroup_parent=info.cgroup_parent,
-        pod_sandbox_id=info.sandbox_id,
-    )
-    if info.overhead is not None:
-        request.overhead.CopyFrom(_resources_message(info.overhead))
-    if info.resources is not None:
-        request.resources.CopyFrom(_resources_message(info.resources))
+    request = hook_pb.PodSandboxHookRequest()
+    _set_pod(request, info, "")
     return request
 
 
@@ -252,26 +260,15 @@ def container_request(info: ContainerInfo | None = None, /, *, pod: PodInfo | No
         info = _new_container(pod=pod, **fields)
     elif fields:
         raise TypeError("container_request takes a ContainerInfo or container() arguments, not both")
-    owner = pod if pod is not None else _new_pod()
     encoded = [(key, value.encode("utf-8", "surrogateescape")) for key, value in info.env]
     request = hook_pb.ContainerResourceHookRequest(
-        pod_meta=_pod_meta(owner),
         container_meta=hook_pb.ContainerMetadata(name=info.name, attempt=info.attempt, id=info.id),
         container_annotations=dict(info.annotations),
-        pod_annotations=dict(owner.annotations),
-        pod_labels=dict(owner.labels),
-        pod_cgroup_parent=owner.cgroup_parent,
         container_envs={key: value.decode("utf-8", errors="replace") for key, value in encoded},
         container_env_list=[hook_pb.KeyValue(key=key, value=value) for key, value in encoded],
-        pod_sandbox_id=owner.sandbox_id,
-        runtime_handler=owner.runtime_handler,
     )
-    if info.resources is not None:
-        request.container_resources.CopyFrom(_resources_message(info.resources))
-    if owner.resources is not None:
-        request.pod_resources.CopyFrom(_resources_message(owner.resources))
-    if owner.overhead is not None:
-        request.pod_overhead.CopyFrom(_resources_message(owner.overhead))
+    _set_resources(request, "container_resources", info.resources)
+    _set_pod(request, pod if pod is not None else _new_pod(), "pod_")
     return request
 
 

@@ -491,6 +491,30 @@ def journals(s: Scenario) -> dict[str, Any]:
     return facts
 
 
+Step = tuple[str, Callable[[Scenario], dict[str, Any]]]
+
+# The scenario's steps in order, named as the host's test reads their facts; the plan's pods play
+# between the two.
+BEFORE_PODS: tuple[Step, ...] = (
+    ("boot", boot_facts),
+    ("install", install_units),
+    ("start", start_units),
+    ("images", import_images),
+    ("broken-registration", broken_registration),
+    ("qos-slices", qos_slices),
+)
+AFTER_PODS: tuple[Step, ...] = (
+    ("settle", settle),
+    ("sibling-removal", sibling_removal),
+    ("drift", drift),
+    ("network", network),
+    ("restart", restart_mid_lifecycle),
+    ("kill-9", kill_9),
+    ("watchdog", watchdog),
+    ("journal", journals),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     plan = json.loads(Path(args[0]).read_text())
@@ -498,22 +522,12 @@ def main(argv: list[str] | None = None) -> int:
     tty.setraw(port.fileno())  # no newline translation on the way out
     s = Scenario(plan, port)
     try:
-        s.step("boot", lambda: boot_facts(s))
-        s.step("install", lambda: install_units(s))
-        s.step("start", lambda: start_units(s))
-        s.step("images", lambda: import_images(s))
-        s.step("broken-registration", lambda: broken_registration(s))
-        s.step("qos-slices", lambda: qos_slices(s))
+        for name, action in BEFORE_PODS:
+            s.step(name, functools.partial(action, s))
         for pod in plan["pods"]:
             s.step(f"pod/{pod['name']}", functools.partial(play_pod, s, pod))
-        s.step("settle", lambda: settle(s))
-        s.step("sibling-removal", lambda: sibling_removal(s))
-        s.step("drift", lambda: drift(s))
-        s.step("network", lambda: network(s))
-        s.step("restart", lambda: restart_mid_lifecycle(s))
-        s.step("kill-9", lambda: kill_9(s))
-        s.step("watchdog", lambda: watchdog(s))
-        s.step("journal", lambda: journals(s))
+        for name, action in AFTER_PODS:
+            s.step(name, functools.partial(action, s))
         s.fact(DONE, {"uptime_s": uptime()})
     finally:
         termios.tcdrain(port.fileno())

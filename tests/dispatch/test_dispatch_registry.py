@@ -315,15 +315,23 @@ def test_atomic_replace_is_seen(tmp_path: Path) -> None:
     assert registry.servers()[0].index == 2
 
 
-def test_malformed_file_is_skipped_and_warned_about_once(tmp_path: Path) -> None:
+def skipped_beside_good(tmp_path: Path, name: str, text: str, scans: int) -> tuple[dict[str, Any], HookRegistry]:
+    """`text` as `name` beside a good config, scanned `scans` times: the one warning that skips
+    it (there must be exactly one), and the registry."""
     write(tmp_path, "good.json", config())
-    write(tmp_path, "bad.json", '{"remote-endpoint": "/x.sock", "runtime-hooks": ["Nope"]}')
+    write(tmp_path, name, text)
     registry = HookRegistry(str(tmp_path))
     with capture_logs() as logs:
-        for _ in range(5):
+        for _ in range(scans):
             registry.scan()
     [warning] = events(logs, "hook config skipped")
-    assert warning["file"] == "bad.json"
+    assert warning["file"] == name
+    return warning, registry
+
+
+def test_malformed_file_is_skipped_and_warned_about_once(tmp_path: Path) -> None:
+    bad = '{"remote-endpoint": "/x.sock", "runtime-hooks": ["Nope"]}'
+    warning, registry = skipped_beside_good(tmp_path, "bad.json", bad, scans=5)
     assert "unknown runtime hook 'Nope'" in warning["reason"]
     assert warning["log_level"] == "warning"
     assert [s.name for s in registry.servers()] == ["good.json"]
@@ -580,14 +588,7 @@ def scan_in_thread(registry: HookRegistry) -> bool:
     ids=["arrays", "deep-value", "deep-objects"],
 )
 def test_nesting_bomb_is_skipped_once_and_the_others_load(tmp_path: Path, text: str) -> None:
-    write(tmp_path, "good.json", config())
-    write(tmp_path, "bomb.json", text)
-    registry = HookRegistry(str(tmp_path))
-    with capture_logs() as logs:
-        for _ in range(3):
-            registry.scan()
-    [warning] = events(logs, "hook config skipped")
-    assert warning["file"] == "bomb.json"
+    warning, registry = skipped_beside_good(tmp_path, "bomb.json", text, scans=3)
     assert "nested too deeply" in warning["reason"]
     assert [s.name for s in registry.servers()] == ["good.json"]
 

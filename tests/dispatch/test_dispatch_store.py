@@ -67,6 +67,19 @@ def pod_request(uid: str = "uid-1", cgroup_parent: str = "/kubepods/podu", **ext
 ENVS = [(b"ZED", b"last-first"), (b"A", b"x=y=z"), (b"EMPTY", b""), (b"UNICODE", "é ü".encode()), (b"M", b"==")]
 
 
+def app_resources(**changes: Any) -> pb.LinuxContainerResources:
+    """The resources container_request's container is created with, with `changes` applied."""
+    fields: dict[str, Any] = {
+        "cpu_period": 100000,
+        "cpu_quota": 50000,
+        "cpu_shares": 512,
+        "memory_limit_in_bytes": 128 << 20,
+        "oom_score_adj": 1000,
+        "cpuset_cpus": "0",
+    }
+    return pb.LinuxContainerResources(**(fields | changes))
+
+
 def container_request(sandbox_id: str, image: str = "busybox:1", **extra: Any) -> pb.CreateContainerRequest:
     config = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name="app", attempt=1),
@@ -75,16 +88,7 @@ def container_request(sandbox_id: str, image: str = "busybox:1", **extra: Any) -
         labels={"io.kubernetes.container.name": "app"},
         annotations={"io.kubernetes.container.restartCount": "1", "eq": "k=v"},
         log_path="app.log",
-        linux=pb.LinuxContainerConfig(
-            resources=pb.LinuxContainerResources(
-                cpu_period=100000,
-                cpu_quota=50000,
-                cpu_shares=512,
-                memory_limit_in_bytes=128 << 20,
-                oom_score_adj=1000,
-                cpuset_cpus="0",
-            )
-        ),
+        linux=pb.LinuxContainerConfig(resources=app_resources()),
         **extra,
     )
     return pb.CreateContainerRequest(pod_sandbox_id=sandbox_id, config=config, sandbox_config=pod_request().config)
@@ -376,24 +380,9 @@ def test_go_json_round_trip_property(
 
 
 def test_current_resources_rules() -> None:
-    configured = pb.LinuxContainerResources(
-        cpu_period=100000,
-        cpu_quota=50000,
-        cpu_shares=512,
-        memory_limit_in_bytes=1 << 27,
-        oom_score_adj=1000,
-        cpuset_cpus="0",
-    )
+    configured = app_resources()  # a memory limit of 1 << 27
     # containerd reports swap == limit (its default) and may have raised oom_score_adj.
-    reported = pb.LinuxContainerResources(
-        cpu_period=100000,
-        cpu_quota=50000,
-        cpu_shares=512,
-        memory_limit_in_bytes=1 << 27,
-        memory_swap_limit_in_bytes=1 << 27,
-        oom_score_adj=999,
-        cpuset_cpus="0",
-    )
+    reported = app_resources(memory_swap_limit_in_bytes=1 << 27, oom_score_adj=999)
     assert current_resources(configured, reported) == configured
     # An update changed quota and memory.
     reported.cpu_quota, reported.memory_limit_in_bytes, reported.memory_swap_limit_in_bytes = 20000, 1 << 26, 1 << 26

@@ -31,6 +31,7 @@ import tempfile
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import closing
 from typing import Any
 
 import grpc
@@ -350,11 +351,8 @@ class Objects:
 
 @pytest.fixture
 def objects(containerd: Containerd) -> Iterator[Objects]:
-    made = Objects(containerd)
-    try:
+    with closing(Objects(containerd)) as made:
         yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +82,8 @@ class NriNode(Node):
 
 @pytest.fixture
 def node(nri_containerd: Containerd) -> Iterator[NriNode]:
-    made = NriNode(nri_containerd)
-    try:
+    with closing(NriNode(nri_containerd)) as made:
         yield made
-    finally:
-        made.close()
 
 
 # -- pods and what is read back ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from daemons import spawn_hooks_serve
+from daemons import log_events, reap, spawn_hooks_serve
 from google.protobuf.json_format import MessageToDict
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import policy as policy_mod
@@ -567,12 +567,10 @@ def test_serve_runs_the_reconciler_and_stops_it(bed: Containerd, tmp_path: Path)
         process.send_signal(signal.SIGTERM)
         stdout, stderr = process.communicate(timeout=30)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        reap(process)
         shutil.rmtree(short, ignore_errors=True)
     assert process.returncode == 0, stderr
-    events = [json.loads(line[line.index("{") :]) for line in stdout.splitlines() if "{" in line]
+    events = log_events(stdout)
     started = [e for e in events if e["event"] == "reconciler started"]
     assert started and started[0]["plugins"] == [f"recorder-{tag}"] and started[0]["interval_s"] == 0.2
     assert any(e["event"] == "reconciled" and e.get("repaired") == {f"recorder-{tag}": 1} for e in events)

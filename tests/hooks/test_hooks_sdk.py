@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 import pytest
+from fake_dists import make_distribution
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -23,7 +21,6 @@ from runtimeproxy.hooks import overwrites
 from runtimeproxy.hooks import policy as policy_mod
 from runtimeproxy.hooks.qos import QoSClass, QoSResolution
 from runtimeproxy.hooks.sdk import (
-    ENTRY_POINT_GROUP,
     HANDLER_KWARGS,
     LIFECYCLE_KWARGS,
     ContainerInfo,
@@ -87,14 +84,6 @@ CONTAINER = ContainerInfo(
 )
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
-
-
-@pytest.fixture
-def runners() -> Iterator[list[PluginRunner]]:
-    made: list[PluginRunner] = []
-    yield made
-    for runner in made:
-        runner.close()
 
 
 @pytest.fixture
@@ -932,29 +921,6 @@ plugin = Plugin("{name}", version="1.2", order=7)
 def handler(response, **kwargs):
     response.annotations["{name}"] = "yes"
 """
-
-
-def make_distribution(site: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
-    """An installed distribution as importlib.metadata sees one: a dist-info directory on sys.path."""
-    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"  # wheel naming: the first dash ends the name
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\n{lines}")
-    for module, source in modules.items():
-        (site / f"{module}.py").write_text(source)
-
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
-    """A directory on sys.path for fake distributions, and a unique module name prefix."""
-    path = tmp_path / "site"
-    path.mkdir()
-    monkeypatch.syspath_prepend(str(path))
-    prefix = f"rh_{uuid.uuid4().hex[:8]}"
-    yield path, prefix
-    for name in [m for m in sys.modules if m.startswith(prefix)]:
-        del sys.modules[name]
 
 
 def test_discovery_from_real_entry_points(site: tuple[Path, str]) -> None:

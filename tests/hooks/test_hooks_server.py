@@ -23,7 +23,7 @@ import grpc
 import grpc.aio
 import pytest
 from click.testing import CliRunner
-from daemons import spawn_hooks_serve
+from daemons import log_events, reap, spawn_hooks_serve
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cli import cli
 from runtimeproxy.hooks.sdk import ContainerInfo, HookResponse, Plugin, PluginRunner, PodInfo, ServerContext
@@ -539,14 +539,12 @@ def test_serve_command_end_to_end(plugin_site: Path, short_dir: Path, tmp_path: 
         process.send_signal(signal.SIGTERM)
         stdout, stderr = process.communicate(timeout=20)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        reap(process)
         notify.close()
     assert process.returncode == 0, stderr
     assert not (config_dir / REGISTRATION_FILE).exists()
     assert not endpoint.exists()
-    events = [json.loads(line[line.index("{") :]) for line in stdout.splitlines() if "{" in line]
+    events = log_events(stdout)
     assert any(e["event"] == "plugin not loaded" and e["entry_point"] == "broken" for e in events)
     assert any(e["event"] == "ready" for e in events)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_dists import make_distribution
 from runtimeproxy.hooks import resctrl as resctrl_mod
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
 from runtimeproxy.hooks.qos import KOORDINATOR_QOS_LABEL, QoSClass
@@ -417,17 +418,6 @@ async def test_run_plugin_passes_node_handles_and_policy(fake_cgroup_v2: FakeCgr
 # --- entry-point version fallback ----------------------------------------------------------------
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
-    path = tmp_path / "site"
-    path.mkdir()
-    monkeypatch.syspath_prepend(str(path))
-    prefix = f"tk_{uuid.uuid4().hex[:8]}"
-    yield path, prefix
-    for name in [m for m in sys.modules if m.startswith(prefix)]:
-        del sys.modules[name]
-
-
 PLUGIN_MODULE = """
 from runtimeproxy.hooks.sdk import Plugin
 
@@ -441,14 +431,16 @@ def handler(**kwargs):
 
 def test_a_plugin_without_a_version_takes_its_distributions(site: tuple[Path, str]) -> None:
     path, prefix = site
-    info = path / f"{prefix}_dist-2.3.4.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {prefix}-dist\nVersion: 2.3.4\n")
-    (info / "entry_points.txt").write_text(
-        f"[{ENTRY_POINT_GROUP}]\nbare = {prefix}_bare:plugin\npinned = {prefix}_pinned:plugin\n"
+    make_distribution(
+        path,
+        f"{prefix}-dist",
+        {"bare": f"{prefix}_bare:plugin", "pinned": f"{prefix}_pinned:plugin"},
+        {
+            f"{prefix}_bare": PLUGIN_MODULE.format(name=f"{prefix}-bare", version=""),
+            f"{prefix}_pinned": PLUGIN_MODULE.format(name=f"{prefix}-pinned", version=', version="9"'),
+        },
+        version="2.3.4",
     )
-    (path / f"{prefix}_bare.py").write_text(PLUGIN_MODULE.format(name=f"{prefix}-bare", version=""))
-    (path / f"{prefix}_pinned.py").write_text(PLUGIN_MODULE.format(name=f"{prefix}-pinned", version=', version="9"'))
     found = {p.name: p.version for p in discover_plugins().plugins if p.name.startswith(prefix)}
     assert found == {f"{prefix}-bare": "2.3.4", f"{prefix}-pinned": "9"}
 

@@ -6,6 +6,7 @@ import itertools
 
 import hpack
 import pytest
+from fake_runtime import grpc_request_headers
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -36,16 +37,7 @@ def chunk_bounds(total: int, cuts: list[int]) -> list[tuple[int, int]]:
 
 
 def request_headers(path: str) -> list[tuple[str, str]]:
-    return [
-        (":method", "POST"),
-        (":scheme", "http"),
-        (":path", path),
-        (":authority", "localhost"),
-        ("content-type", "application/grpc"),
-        ("te", "trailers"),
-        ("grpc-timeout", "119999m"),
-        ("user-agent", "kubelet/v1.31"),
-    ]
+    return grpc_request_headers(path, [("grpc-timeout", "119999m"), ("user-agent", "kubelet/v1.31")])
 
 
 # -- MessageSizer -------------------------------------------------------------------------------

@@ -4,12 +4,12 @@ drivers, run through PluginRunner as the hook server runs it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import pytest
+from fake_trees import TREES, fake_tree, tree_id
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -65,27 +65,14 @@ DEFAULTS = DEFAULT_POLICY.section(cpu.plugin.settings_spec)  # the cpu plugin's 
 SECTION: cpu.CPUSection = DEFAULTS.common
 
 
-@pytest.fixture(
-    params=[(v, d) for v in (1, 2) for d in ("cgroupfs", "systemd")],
-    ids=lambda p: f"v{p[0]}-{p[1]}",
-)
+@pytest.fixture(params=TREES, ids=tree_id)
 def tree(request: pytest.FixtureRequest, tmp_path: Path) -> FakeCgroup:
-    version, driver = request.param
-    make = make_fake_cgroup_v1 if version == 1 else make_fake_cgroup_v2
-    return make(tmp_path / "cgroup", driver=driver, anolis=True)
+    return fake_tree(request.param, tmp_path / "cgroup", anolis=True)
 
 
 @pytest.fixture
 def fs(tree: FakeCgroup) -> RecordingFS:
     return RecordingFS(tree.root, tree.driver)
-
-
-@pytest.fixture
-def runners() -> Iterator[list[PluginRunner]]:
-    made: list[PluginRunner] = []
-    yield made
-    for runner in made:
-        runner.close()
 
 
 @pytest.fixture

@@ -4,12 +4,12 @@ and v2 trees with both drivers, run through PluginRunner."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import pytest
+from fake_trees import TREES, fake_tree, tree_id
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cgroups import CgroupFS
 from runtimeproxy.hooks.plugins import cpu, cpuset
@@ -17,7 +17,7 @@ from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PluginRunner, PodInfo, Resources, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.cgroups import FakeCgroup
 from structlog.testing import capture_logs
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
@@ -30,30 +30,21 @@ assert cpuset.plugin.settings_spec is not None
 SPEC = cpuset.plugin.settings_spec
 
 
-@pytest.fixture(
-    params=[(v, d) for v in (1, 2) for d in ("cgroupfs", "systemd")],
-    ids=lambda p: f"v{p[0]}-{p[1]}",
-)
+@pytest.fixture(params=TREES, ids=tree_id)
 def tree(request: pytest.FixtureRequest, tmp_path: Path) -> FakeCgroup:
-    version, driver = request.param
-    make = make_fake_cgroup_v1 if version == 1 else make_fake_cgroup_v2
-    return make(tmp_path / "cgroup", driver=driver)  # the node has CPUs 0-3
+    return fake_tree(request.param, tmp_path / "cgroup")  # the node has CPUs 0-3
 
 
 @pytest.fixture
-def make_runner(tree: FakeCgroup) -> Iterator[Any]:
-    made: list[PluginRunner] = []
-
+def make_runner(tree: FakeCgroup, runners: list[PluginRunner]) -> Any:
     def make(*plugins: Plugin, policy: str = "", cgroups: CgroupFS | None = None) -> PluginRunner:
         current: Policy = policy_from(policy) if policy else DEFAULT_POLICY
         context = ServerContext(cgroups=cgroups or tree.fs(), policy=lambda: current)
         runner = PluginRunner(plugins or [cpuset.plugin], context=context, registry=CollectorRegistry())
-        made.append(runner)
+        runners.append(runner)
         return runner
 
-    yield make
-    for runner in made:
-        runner.close()
+    return make
 
 
 def make_pod(tree: FakeCgroup, qos: str, status: str | None, kube_qos: Any = "guaranteed") -> PodInfo:

@@ -4,7 +4,6 @@ encoding/json reads it, and NVIDIA_VISIBLE_DEVICES in the CreateContainer answer
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
 
@@ -143,20 +142,17 @@ def test_any_text_gets_minors_or_a_reason(text: str) -> None:
 
 
 @pytest.fixture
-def make_runner() -> Iterator[Any]:
-    made: list[PluginRunner] = []
+def make_runner(runners: list[PluginRunner]) -> Any:
 
     def make(policy: str = ENABLED) -> PluginRunner:
         current: Policy = policy_from(policy) if policy else DEFAULT_POLICY
         runner = PluginRunner(
             [gpu.plugin], context=ServerContext(cgroups=None, policy=lambda: current), registry=CollectorRegistry()
         )
-        made.append(runner)
+        runners.append(runner)
         return runner
 
-    yield make
-    for runner in made:
-        runner.close()
+    return make
 
 
 def make_pod(annotation: str | None, qos: str = "LS", labels: dict[str, str] | None = None) -> PodInfo:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -262,14 +262,6 @@ def test_plan_describes_itself_for_explain() -> None:
 # --- on the node --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def runners() -> AsyncIterator[list[PluginRunner]]:
-    made: list[PluginRunner] = []
-    yield made
-    for runner in made:
-        await runner.stop()
-
-
 class Node:
     def __init__(self, tree: FakeCgroup, runner: PluginRunner) -> None:
         self.tree = tree
@@ -305,7 +297,7 @@ class Node:
 
 
 @pytest.fixture
-def make_node(tmp_path: Path, runners: list[PluginRunner]) -> Callable[..., Node]:
+def make_node(tmp_path: Path, stopped_runners: list[PluginRunner]) -> Callable[..., Node]:
     def make(
         version: int = 2, driver: CgroupDriver = "cgroupfs", policy: Policy = POLICY, anolis: bool = False
     ) -> Node:
@@ -314,7 +306,7 @@ def make_node(tmp_path: Path, runners: list[PluginRunner]) -> Callable[..., Node
         runner = PluginRunner(
             [plugin], context=ServerContext(cgroups=tree.fs(), policy=lambda: policy), registry=CollectorRegistry()
         )
-        runners.append(runner)
+        stopped_runners.append(runner)
         return Node(tree, runner)
 
     return make
@@ -462,14 +454,14 @@ async def test_oom_score_adj_without_container_resources(make_node: Any) -> None
 
 
 async def test_reconcile_sets_back_drift_and_follows_policy_changes(
-    tmp_path: Path, runners: list[PluginRunner]
+    tmp_path: Path, stopped_runners: list[PluginRunner]
 ) -> None:
     tree = make_fake_cgroup_v2(tmp_path / "cgroup", driver="systemd")
     current = [POLICY]
     runner = PluginRunner(
         [plugin], context=ServerContext(cgroups=tree.fs(), policy=lambda: current[0]), registry=CollectorRegistry()
     )
-    runners.append(runner)
+    stopped_runners.append(runner)
     node = Node(tree, runner)
     ls = node.pod(
         "LS", containers={"app": {"requests": {"memory": "1Gi"}}}, resources=Resources(memory_limit_in_bytes=2 * GiB)

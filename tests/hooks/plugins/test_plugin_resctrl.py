@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -75,14 +75,6 @@ def spawn() -> Iterator[Callable[..., list[int]]]:
         proc.wait()
 
 
-@pytest.fixture
-async def runners() -> AsyncIterator[list[PluginRunner]]:
-    made: list[PluginRunner] = []
-    yield made
-    for runner in made:
-        await runner.stop()
-
-
 class Node:
     """A fake node: resctrl mount, cgroup tree, and a runner with the resctrl plugin."""
 
@@ -122,7 +114,7 @@ class Node:
 
 
 @pytest.fixture
-def make_node(tmp_path: Path, runners: list[PluginRunner]) -> Callable[..., Node]:
+def make_node(tmp_path: Path, stopped_runners: list[PluginRunner]) -> Callable[..., Node]:
     def make(
         *,
         version: int = 2,
@@ -139,7 +131,7 @@ def make_node(tmp_path: Path, runners: list[PluginRunner]) -> Callable[..., Node
             cgroups=tree.fs(), resctrl=fake.fs() if fake is not None else None, policy=lambda: current[0]
         )
         runner = PluginRunner([plugin], context=context, registry=CollectorRegistry())
-        runners.append(runner)
+        stopped_runners.append(runner)
         return Node(fake, tree, runner, current)
 
     return make
