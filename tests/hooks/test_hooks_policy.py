@@ -37,6 +37,7 @@ from runtimeproxy.hooks.policy import (
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import Plugin, PluginDefinitionError, settings_specs
 from runtimeproxy.hooks.settings import SectionSettings
+from strategies import network_bands
 from structlog.testing import capture_logs
 
 LSE, LSR, LS, BE, SYSTEM = QoSClass
@@ -384,13 +385,7 @@ def section(name: str, entries: st.SearchStrategy[Any], common: st.SearchStrateg
 
 @st.composite
 def networks(draw: st.DrawFn) -> SectionSettings:
-    system = draw(st.integers(1, 98))
-    ls = draw(st.integers(1, 99 - system))
-    be = draw(st.integers(1, 100 - system - ls))
-    bands = {
-        name: NetworkBandSettings(rate, draw(st.integers(rate, 100)), draw(st.integers(0, 7)))
-        for name, rate in (("LS", ls), ("BE", be), ("SYSTEM", system))
-    }
+    bands = draw(network_bands())
     interface = draw(interfaces.filter(_valid_interface))
     common = NetworkSection(interface=interface, link_speed_mbit=draw(st.integers(0, 2**40)))
     return SectionSettings(bands, common, SPECS["network"].class_entry)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
-from daemons import spawn_hooks_serve
+from daemons import reap, spawn_hooks_serve
 from runtimeproxy.hooks.cli import serve
 from runtimeproxy.hooks.reconciler import DEFAULT_RUNTIME_ENDPOINT
 from runtimeproxy.hooks.server import DEFAULT_ENDPOINT, DEFAULT_HOOK_CONFIG_DIR, ServerSettings
@@ -181,9 +181,7 @@ def test_serve_pings_the_watchdog_from_its_loop(short_dir: Path, tmp_path: Path)
         process.terminate()
         process.communicate(timeout=20)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+        reap(process)
         notify.close()
     assert process.returncode == 0
 

@@ -24,7 +24,6 @@ from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion, PodRoots
 from runtimeproxy.hooks.plugins import network
 from runtimeproxy.hooks.plugins.network import (
     FALLBACK_LINK_MBIT,
-    NetworkBandSettings,
     NetworkConfig,
     NetworkQoS,
     NetworkSection,
@@ -43,6 +42,7 @@ from runtimeproxy.hooks.policy import DEFAULT_POLICY
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import HookPoint, PluginRunner, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
+from strategies import network_bands
 
 LOG = structlog.get_logger("test.network")
 LINK_MBIT = 10
@@ -58,16 +58,7 @@ DEFAULT_CONFIG = network_config(DEFAULTS.common, DEFAULTS.for_class)
 @st.composite
 def sections(draw: st.DrawFn) -> NetworkConfig:
     """Network sections the policy loader accepts: rate <= ceil, rates adding up to at most 100."""
-    system = draw(st.integers(1, 98))
-    ls = draw(st.integers(1, 99 - system))
-    be = draw(st.integers(1, 100 - system - ls))
-    bands = {
-        name: NetworkBandSettings(
-            rate_percent=rate, ceil_percent=draw(st.integers(rate, 100)), priority=draw(st.integers(0, 7))
-        )
-        for name, rate in (("SYSTEM", system), ("LS", ls), ("BE", be))
-    }
-    return NetworkConfig(interface="eth0", link_speed_mbit=0, **bands)
+    return NetworkConfig(interface="eth0", link_speed_mbit=0, **draw(network_bands()))
 
 
 @given(sections(), st.integers(1, 400_000))
