@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import functools
 import os
 import re
 import stat
@@ -236,6 +237,12 @@ def parent_path(parent: str) -> str:
     """
     if not isinstance(parent, str):
         raise CgroupPathError(f"cgroup parent must be a string, got {type(parent).__name__}")
+    return _parent_path(parent)
+
+
+# A hook call asks for its pod's few paths about ten times; the answer depends on the text alone.
+@functools.lru_cache(maxsize=1024)
+def _parent_path(parent: str) -> str:
     if "\0" in parent:
         raise CgroupPathError(f"cgroup parent {parent!r} contains NUL")
     segments = [segment for segment in parent.split("/") if segment]
@@ -348,7 +355,7 @@ def _is_link(path: str) -> bool:
         return False
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def _write_file(path: str | Path, data: bytes) -> None:
     """``data`` into the existing file ``path`` with one write(2), as the kernel wants for cgroup files."""
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
@@ -409,8 +416,9 @@ class CgroupFS:
         self.listener = listener
         self._resolved_root: str | None = None
         self._resolved_hierarchies: dict[str, str] = {}
+        self._hierarchy_dirs: dict[str, str] = {}  # see _hierarchy_dir
         self._resolved: dict[str, str] = {}  # see _realpath
-        self._paths: dict[tuple[str, str, str, str | None], Path] = {}  # see _remembered
+        self._paths: dict[tuple[str, str, str, str | None], str] = {}  # see _remembered
         self.driver: CgroupDriver = driver
         self._version = version
 
@@ -455,11 +463,15 @@ class CgroupFS:
         Raises CgroupPathError for malformed input or a path that resolves outside the root.
         The path need not exist; for a container, the first existing runtime naming wins.
         """
+        return Path(self._path_text(controller, parent, container_id, file))
+
+    def _path_text(self, controller: str, parent: str, container_id: str | None, file: str | None) -> str:
+        """:meth:`path` as a string (the methods here need no Path object)."""
         if container_id is None:
             return self._remembered(("path", controller, parent, file), self._path, controller, parent, file)
         return self._path(controller, parent, file, container_id)
 
-    def _path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> Path:
+    def _path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> str:
         target = self._target(controller, parent, container_id, file)
         self._check_inside(target)
         return target
@@ -467,39 +479,47 @@ class CgroupFS:
     def pod_path(self, controller: str, parent: str, container_id: str | None = None, file: str | None = None) -> Path:
         """:meth:`path`, for a cgroup runtime-hooks may change: a pod's or container's under the pod
         roots, reached without a symlink below the hierarchy root; CgroupScopeError otherwise."""
+        return Path(self._pod_path_text(controller, parent, container_id, file))
+
+    def _pod_path_text(self, controller: str, parent: str, container_id: str | None, file: str | None) -> str:
+        """:meth:`pod_path` as a string."""
         if container_id is None:
             return self._remembered(("pod", controller, parent, file), self._pod_path, controller, parent, file)
         return self._pod_path(controller, parent, file, container_id)
 
-    def _pod_path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> Path:
+    def _pod_path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> str:
         self.pod_roots.check(parent)
         target = self._target(controller, parent, container_id, file)
-        directory = target.parent if file is not None else target
-        base = self._hierarchy(controller)
+        directory = os.path.dirname(target) if file is not None else target
         # One resolution answers both questions: a directory that resolves to exactly where
         # its name says, below the resolved hierarchy root, is inside the root and symlink-free.
-        expected = os.path.join(self._real_hierarchy(controller), directory.relative_to(base))
+        # (The pod roots check above keeps the hierarchy root itself out: directory is below it.)
+        expected = self._real_hierarchy(controller) + directory[len(self._hierarchy_dir(controller)) :]
         real = self._realpath(directory)
         if real != expected:
             self._check_inside(directory)  # outside the root altogether: say that first
             raise CgroupScopeError(f"{directory} passes through a symlink ({real})")
         return target
 
-    def _target(self, controller: str, parent: str, container_id: str | None, file: str | None) -> Path:
+    def _target(self, controller: str, parent: str, container_id: str | None, file: str | None) -> str:
+        """The path as a string: built with string joins, not pathlib, as a new pod's paths are
+        built several times per hook call (the same text: parent_path leaves no empty, "." or ".."
+        segment for pathlib to normalise)."""
         _check_controller(controller)
-        base = self._hierarchy(controller)
+        base = self._hierarchy_dir(controller)
         relative = parent_path(parent)
-        directory = base / relative if relative else base
+        directory = os.path.join(base, relative) if relative else base
         if container_id is not None:
             names = self.container_dir_names(container_id)
-            directory = next((directory / name for name in names if (directory / name).is_dir()), directory / names[0])
-        return directory / _check_file(file) if file is not None else directory
+            found = (os.path.join(directory, name) for name in names)
+            directory = next((path for path in found if os.path.isdir(path)), os.path.join(directory, names[0]))
+        return os.path.join(directory, _check_file(file)) if file is not None else directory
 
     def _real_hierarchy(self, controller: str) -> str:
         # Like the root's, a hierarchy root's resolution does not change while the server runs.
         real = self._resolved_hierarchies.get(controller)
         if real is None:
-            base = self._hierarchy(controller)
+            base = self._hierarchy_dir(controller)
             self._check_inside(base)  # e.g. v1's cpu -> cpu,cpuacct: a link, but inside the root
             real = self._resolved_hierarchies[controller] = os.path.realpath(base)
         return real
@@ -508,20 +528,27 @@ class CgroupFS:
         """The directory of the hierarchy root cgroup that ``controller``'s files are in."""
         return self.root / controller if self.version is CgroupVersion.V1 else self.root
 
-    def _check_inside(self, target: Path) -> None:
+    def _hierarchy_dir(self, controller: str) -> str:
+        """:meth:`_hierarchy` as a string, remembered (the version and root do not change)."""
+        base = self._hierarchy_dirs.get(controller)
+        if base is None:
+            base = self._hierarchy_dirs[controller] = str(self._hierarchy(controller))
+        return base
+
+    def _check_inside(self, target: str | Path) -> None:
         real_root = self._real_root()
         real = self._realpath(target)
         if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
             raise CgroupPathError(f"{target} resolves to {real}, outside the cgroup root {real_root}")
 
     def _remembered(
-        self, key: tuple[str, str, str, str | None], find: Callable[[str, str, str | None], Path], *args: Any
-    ) -> Path:
+        self, key: tuple[str, str, str, str | None], find: Callable[[str, str, str | None], str], *args: Any
+    ) -> str:
         """A pod's (not a container's) checked path, remembered: a plugin call asks for the same
-        few paths many times (a pathlib build and checks, about 15 us each, most of a write's
-        cost). Sound for the reason :meth:`_realpath` is, and because such a path involves no
-        lookup in the tree (a container's does: its naming is looked up, so it is not kept).
-        Failures are not kept; bounded like _realpath."""
+        few paths many times (a build and checks, about 15 us each, most of a write's cost).
+        Sound for the reason :meth:`_realpath` is, and because such a path involves no lookup in
+        the tree (a container's does: its naming is looked up, so it is not kept). Failures are
+        not kept; bounded like _realpath."""
         path = self._paths.get(key)
         if path is None:
             if len(self._paths) >= _RESOLVED_MAX:
@@ -559,17 +586,17 @@ class CgroupFS:
 
     def exists(self, parent: str, container_id: str | None = None, controller: str = "cpu") -> bool:
         """Whether the pod's (or container's) cgroup directory exists."""
-        return self.path(controller, parent, container_id).is_dir()
+        return os.path.isdir(self._path_text(controller, parent, container_id, None))
 
     def has_file(self, controller: str, file: str, parent: str, container_id: str | None = None) -> bool:
         """Whether the cgroup has ``file`` (kernel features show up as files)."""
-        return self.path(controller, parent, container_id, file).is_file()
+        return os.path.isfile(self._path_text(controller, parent, container_id, file))
 
     # -- raw access --
 
     def read(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str:
         """The content of ``file``, surrounding whitespace stripped. OSError if it cannot be read."""
-        path = self.path(controller, parent, container_id, file)
+        path = self._path_text(controller, parent, container_id, file)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             chunks = []
@@ -585,13 +612,13 @@ class CgroupFS:
         """Write ``value`` to ``file`` with one write(2). The file must exist (cgroup files are never
         created), in a pod's or container's cgroup (:meth:`pod_path`). Then the listener is told."""
         data = _format(value)
-        path = self.pod_path(controller, parent, container_id, file)
+        path = self._pod_path_text(controller, parent, container_id, file)
         _write_file(path, data)
         # The directory below the hierarchy root, "." for the root (pod_path's are below it).
-        cgroup = os.path.dirname(path)[len(str(self._hierarchy(controller))) + 1 :] or "."
+        cgroup = os.path.dirname(path)[len(self._hierarchy_dir(controller)) + 1 :] or "."
         # One info line per write that reached the node: the only place every plugin's write passes.
         text = data.decode("utf-8", "backslashreplace").strip()
-        log.info("cgroup written", file=str(path), value=text, cgroup=cgroup)
+        log.info("cgroup written", file=path, value=text, cgroup=cgroup)
         if self.listener is not None:
             write = CgroupWrite(controller, file, data, parent, container_id, "" if cgroup == "." else cgroup)
             self.listener.written(self, write)

@@ -71,6 +71,8 @@ class ResourceChanges:
             found.append("resources.hugepage_limits must be a list of HugepageLimit(page_size: str, limit: int)")
         if found:
             return found
+        if self.is_empty():  # nothing set, nothing to refuse (most plugins' answers): no message to build
+            return []
         try:
             message = resources_to_proto(self)
         except (ValueError, TypeError) as exc:  # e.g. an int out of int64 range

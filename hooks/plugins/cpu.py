@@ -458,14 +458,19 @@ def _read_int(fs: CgroupFS, file: str, parent: str, container_id: str | None = N
         return None
 
 
+def _quota_and_period(fs: CgroupFS, parent: str, container_id: str | None = None) -> tuple[int, int] | None:
+    """The cgroup's (quota, period) now (quota -1: unlimited); None without the file. Read errors are raised."""
+    has_quota = fs.has_file("cpu", fs.file_name("cpu.quota"), parent, container_id)
+    return fs.cpu_quota(parent, container_id) if has_quota else None
+
+
 def _current_quota(fs: CgroupFS, parent: str, container_id: str | None = None) -> int | None:
     """The cgroup's quota now (-1 unlimited); None where it cannot be read."""
     try:
-        if not fs.has_file("cpu", fs.file_name("cpu.quota"), parent, container_id):
-            return None
-        return fs.cpu_quota(parent, container_id)[0]
+        now = _quota_and_period(fs, parent, container_id)
     except (OSError, CgroupError, ValueError):
         return None
+    return now[0] if now is not None else None
 
 
 def ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool = False, controller: str = "cpu") -> bool:
@@ -497,18 +502,21 @@ def _write(what: str, log: Any, action: Any, *args: Any, **kwargs: Any) -> bool:
     return True
 
 
-def apply_pod_plan(fs: CgroupFS, plan: CpuPodPlan, log: Any) -> list[str]:
+def apply_pod_plan(
+    fs: CgroupFS, plan: CpuPodPlan, log: Any, *, quota_now: tuple[int, int] | Literal["unread"] | None = "unread"
+) -> list[str]:
     """Bring the pod cgroup to ``plan``: read each value, write only those that differ, skip
-    files the kernel lacks. The settings written (quota, burst, idle, group_identity)."""
+    files the kernel lacks. The settings written (quota, burst, idle, group_identity).
+    ``quota_now``: the (quota, period) the caller has just read (None: no quota file), to save
+    reading it again; "unread": read it here."""
     parent = plan.cgroup_parent
     if not fs.exists(parent):
         log.debug("pod cgroup does not exist; nothing applied", cgroup_parent=parent)
         return []
     written: list[str] = []
 
-    quota_now: tuple[int, int] | None = None
-    if fs.has_file("cpu", fs.file_name("cpu.quota"), parent):
-        quota_now = fs.cpu_quota(parent)
+    if quota_now == "unread":
+        quota_now = _quota_and_period(fs, parent)
     burst_file = fs.file_name("cpu.burst")
     burst_now = _read_int(fs, burst_file, parent) if fs.has_file("cpu", burst_file, parent) else None
 
@@ -580,6 +588,22 @@ def apply_container_burst(
     return _write("burst", log, fs.set_cpu_burst, parent, burst, container_id=container_id)
 
 
+def _plan_and_apply(
+    fs: CgroupFS, pod: PodInfo, qos: QoSClass, settings: CPUSettings, section: CPUSection, log: Any
+) -> tuple[CpuPodPlan, list[str]]:
+    """Plan the pod cgroup from the quota it has now and apply the plan, reading the quota once
+    for both (the plan goes without it when it cannot be read; applying then reads it again
+    and raises why)."""
+    quota_now: tuple[int, int] | Literal["unread"] | None
+    try:
+        quota_now = _quota_and_period(fs, pod.cgroup_parent)
+    except (OSError, CgroupError, ValueError):
+        quota_now = "unread"
+    current = quota_now[0] if isinstance(quota_now, tuple) else None
+    plan = plan_pod(pod, qos, settings, section, current_quota=current)
+    return plan, apply_pod_plan(fs, plan, log, quota_now=quota_now)
+
+
 # --- reconciling -----------------------------------------------------------------------------
 
 
@@ -601,8 +625,7 @@ def reconcile_pods(
             if not fs.exists(pod.cgroup_parent):
                 continue
             qos = qos_of(pod).qos_class
-            plan = plan_pod(pod, qos, settings_for(qos), section, current_quota=_current_quota(fs, pod.cgroup_parent))
-            written = apply_pod_plan(fs, plan, log)
+            _, written = _plan_and_apply(fs, pod, qos, settings_for(qos), section, log)
         except (OSError, CgroupError, ValueError) as exc:
             log.warning("cannot reconcile pod", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
             continue
@@ -635,9 +658,7 @@ async def set_pod_cgroup(
         return
     if hook is HookPoint.PRE_RUN_POD_SANDBOX:
         ensure_pod_cgroup(cgroups, pod.cgroup_parent, log, dry_run=dry_run)
-    current = _current_quota(cgroups, pod.cgroup_parent)
-    plan = plan_pod(pod, qos, settings, section, current_quota=current)
-    written = apply_pod_plan(cgroups, plan, log)
+    plan, written = _plan_and_apply(cgroups, pod, qos, settings, section, log)
     if written:
         log.debug("pod cpu settings applied", settings=written, plan=plan.describe())
 

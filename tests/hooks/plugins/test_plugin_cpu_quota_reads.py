@@ -1,0 +1,66 @@
+"""The cpu plugin reads a pod cgroup's quota once per PreRunPodSandbox (for the plan and for applying
+it), with the same outcome as reading it twice: the batch quota written, and an unreadable quota
+file the plugin's error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_trees import TREES, fake_tree, tree_id
+from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
+from runtimeproxy.hooks.extended_resources import BATCH_CPU, EXTENDED_RESOURCE_SPEC_ANNOTATION
+from runtimeproxy.hooks.plugins import cpu
+from runtimeproxy.hooks.sdk import HookPoint
+from runtimeproxy.hooks.testkit.builders import pod as make_pod
+from runtimeproxy.hooks.testkit.builders import run_plugin
+from runtimeproxy.hooks.testkit.cgroups import FakeCgroup
+
+SPEC = json.dumps({"containers": {"main": {"limits": {BATCH_CPU: "1500"}}}})
+
+
+class CountingFS(CgroupFS):
+    """A CgroupFS that counts the reads of each file."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads: dict[str, int] = {}
+
+    def read(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str:
+        self.reads[file] = self.reads.get(file, 0) + 1
+        return super().read(controller, file, parent, container_id)
+
+
+@pytest.fixture(params=TREES, ids=tree_id)
+def tree(request: pytest.FixtureRequest, tmp_path: Path) -> FakeCgroup:
+    return fake_tree(request.param, tmp_path / "cgroup")
+
+
+def quota_file(fs: CgroupFS) -> str:
+    return "cpu.cfs_quota_us" if fs.version is CgroupVersion.V1 else "cpu.max"
+
+
+async def test_the_quota_is_read_once_and_the_batch_quota_written(tree: FakeCgroup) -> None:
+    parent = tree.add_pod("be-1", "besteffort")
+    fs = CountingFS(tree.root, tree.driver)
+    pod = make_pod(
+        "batch", qos="BE", uid="be-1", cgroup_parent=parent, annotations={EXTENDED_RESOURCE_SPEC_ANNOTATION: SPEC}
+    )
+    result = await run_plugin(cpu.plugin, HookPoint.PRE_RUN_POD_SANDBOX, pod=pod, cgroups=fs)
+    assert result.failures == []
+    assert fs.reads[quota_file(fs)] == 1
+    assert fs.cpu_quota(parent) == (150000, 100000)
+
+
+async def test_an_unreadable_quota_file_is_the_plugins_error(tree: FakeCgroup) -> None:
+    parent = tree.add_pod("be-2", "besteffort")
+    fs = CountingFS(tree.root, tree.driver)
+    fs.path("cpu", parent, None, quota_file(fs)).write_text("garbage\n")
+    pod = make_pod(
+        "batch", qos="BE", uid="be-2", cgroup_parent=parent, annotations={EXTENDED_RESOURCE_SPEC_ANNOTATION: SPEC}
+    )
+    result = await run_plugin(cpu.plugin, HookPoint.PRE_RUN_POD_SANDBOX, pod=pod, cgroups=fs)
+    assert [(f.plugin, f.outcome) for f in result.failures] == [("cpu", "error")]
+    assert "ValueError" in result.failures[0].reason or "CgroupError" in result.failures[0].reason

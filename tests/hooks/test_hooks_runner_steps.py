@@ -1,0 +1,193 @@
+"""How PluginRunner runs an ``async def`` handler: its first step in the hook call itself, and only a
+handler that suspends as a task under its timeout; either way the same outcomes, answers, context
+isolation and metrics as a task of its own gave."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo
+
+from runtimeproxy.dispatch.hookpoints import HookPoint
+
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+POD = PodInfo(name="web", namespace="default", uid="u-1", cgroup_parent="/kubepods/burstable/podu-1")
+CONTAINER = ContainerInfo(name="app")
+SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("SEEN", default="unset")
+
+
+def runner(*plugins: Plugin) -> PluginRunner:
+    return PluginRunner(plugins, registry=CollectorRegistry())
+
+
+def calls(run: PluginRunner, plugin: str, outcome: str) -> float:
+    labels = {"plugin": plugin, "hook": CREATE.value, "outcome": outcome}
+    return run.metrics.registry.get_sample_value("runtimeproxy_hooks_plugin_calls_total", labels) or 0.0
+
+
+def observed(run: PluginRunner, plugin: str) -> float:
+    labels = {"plugin": plugin, "hook": CREATE.value}
+    return run.metrics.registry.get_sample_value("runtimeproxy_hooks_plugin_call_duration_seconds_count", labels) or 0.0
+
+
+@pytest.mark.parametrize("suspensions", [0, 1, 3])
+async def test_a_handler_answers_the_same_whether_or_not_it_suspends(suspensions: int) -> None:
+    plugin = Plugin("p", timeout=5.0)
+
+    @plugin.on(CREATE)
+    async def handler(*, response: Any, **kwargs: Any) -> None:
+        for _ in range(suspensions):
+            await asyncio.sleep(0)
+        response.annotations["steps"] = str(suspensions)
+
+    run = runner(plugin)
+    result = await run.run(CREATE, pod=POD, container=CONTAINER)
+    assert result.applied == ["p"] and result.failures == []
+    assert result.response.annotations == {"steps": str(suspensions)}
+    assert calls(run, "p", "ok") == 1
+
+
+@pytest.mark.parametrize("suspend_first", [False, True])
+async def test_an_exception_before_or_after_a_suspension_is_the_plugins_error(suspend_first: bool) -> None:
+    plugin = Plugin("p")
+
+    @plugin.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        if suspend_first:
+            await asyncio.sleep(0)
+        raise RuntimeError("boom")
+
+    run = runner(plugin)
+    result = await run.run(CREATE, pod=POD, container=CONTAINER)
+    assert [(f.outcome, f.reason) for f in result.failures] == [("error", "RuntimeError: boom")]
+    assert calls(run, "p", "error") == 1
+
+
+async def test_a_handler_raising_cancelled_error_itself_is_an_error_named_cancelled() -> None:
+    plugin = Plugin("p")
+
+    @plugin.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        raise asyncio.CancelledError
+
+    result = await runner(plugin).run(CREATE, pod=POD, container=CONTAINER)
+    assert [(f.outcome, f.reason) for f in result.failures] == [("error", "cancelled")]
+
+
+@pytest.mark.parametrize("suspend", [False, True])
+async def test_context_variables_a_handler_sets_stay_its_own(suspend: bool) -> None:
+    first, second = Plugin("first", order=1), Plugin("second", order=2)
+    seen: list[str] = []
+
+    @first.on(CREATE)
+    async def setter(**kwargs: Any) -> None:
+        SEEN.set("first")
+        if suspend:
+            await asyncio.sleep(0)
+        seen.append(SEEN.get())
+
+    @second.on(CREATE)
+    async def reader(**kwargs: Any) -> None:
+        seen.append(SEEN.get())
+
+    await runner(first, second).run(CREATE, pod=POD, container=CONTAINER)
+    assert seen == ["first", "unset"]
+    assert SEEN.get() == "unset"
+
+
+async def test_a_suspended_handler_past_its_timeout_after_a_slow_first_step_times_out() -> None:
+    plugin = Plugin("p", timeout=0.05)
+    cancelled = asyncio.Event()
+
+    @plugin.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        await asyncio.sleep(0)  # suspends once, then waits past the timeout
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    run = runner(plugin)
+    result = await asyncio.wait_for(run.run(CREATE, pod=POD, container=CONTAINER), 5)
+    assert [(f.outcome, f.reason) for f in result.failures] == [("timeout", "no answer within 0.05s")]
+    await asyncio.wait_for(cancelled.wait(), 2)
+    assert calls(run, "p", "timeout") == 1
+
+
+async def test_cancelling_the_hook_call_cancels_a_suspended_handler() -> None:
+    plugin = Plugin("p", timeout=30.0)
+    waiting, cleaned = asyncio.Event(), asyncio.Event()
+
+    @plugin.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        waiting.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.set()
+
+    call = asyncio.ensure_future(runner(plugin).run(CREATE, pod=POD, container=CONTAINER))
+    await asyncio.wait_for(waiting.wait(), 2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.wait_for(cleaned.wait(), 2)
+
+
+async def test_a_handler_awaiting_a_future_gets_its_result_and_its_exception() -> None:
+    plugin = Plugin("p")
+    got: list[Any] = []
+
+    @plugin.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        loop = asyncio.get_running_loop()
+        ok, bad = loop.create_future(), loop.create_future()
+        loop.call_soon(ok.set_result, 42)
+        loop.call_soon(bad.set_exception, ValueError("no"))
+        got.append(await ok)
+        try:
+            await bad
+        except ValueError as exc:
+            got.append(str(exc))
+
+    result = await runner(plugin).run(CREATE, pod=POD, container=CONTAINER)
+    assert result.failures == []
+    assert got == [42, "no"]
+
+
+async def test_every_call_is_counted_by_outcome_and_timed() -> None:
+    plugin = Plugin("p")
+    fail = [False, False, True]
+
+    @plugin.on(CREATE)
+    async def handler(**kwargs: Any) -> None:
+        if fail.pop(0):
+            raise RuntimeError("third")
+
+    run = runner(plugin)
+    for _ in range(3):
+        await run.run(CREATE, pod=POD, container=CONTAINER)
+    assert (calls(run, "p", "ok"), calls(run, "p", "error")) == (2, 1)
+    assert observed(run, "p") == 3
+
+
+async def test_reconcile_handlers_return_their_repairs_with_or_without_suspending() -> None:
+    quick, slow = Plugin("quick", order=1), Plugin("slow", order=2)
+
+    @quick.reconcile
+    async def repaired_now(**kwargs: Any) -> int:
+        return 2
+
+    @slow.reconcile
+    async def repaired_later(**kwargs: Any) -> int:
+        await asyncio.sleep(0)
+        return 3
+
+    report = await runner(quick, slow).reconcile_report(pods=[POD])
+    assert report.repaired == {"quick": 2, "slow": 3}
+    assert report.failures == []
