@@ -541,6 +541,25 @@ class CgroupFS:
         if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
             raise CgroupPathError(f"{target} resolves to {real}, outside the cgroup root {real_root}")
 
+    def forget(self, parent: str) -> int:
+        """Drop what is remembered about the pod ``parent``'s paths (its cgroups are gone): the
+        caches then hold the live pods' paths, not every pod the node ever ran. Returns how many
+        entries went."""
+        before = len(self._paths) + len(self._resolved)
+        self._paths = {key: path for key, path in self._paths.items() if key[2] != parent}
+        try:
+            relative = parent_path(parent)
+        except CgroupPathError:
+            relative = ""
+        if relative:
+            prefixes = tuple(os.path.join(base, relative) for base in self._hierarchy_dirs.values())
+            self._resolved = {
+                key: real
+                for key, real in self._resolved.items()
+                if not any(key == prefix or key.startswith(prefix + os.sep) for prefix in prefixes)
+            }
+        return before - len(self._paths) - len(self._resolved)
+
     def _remembered(
         self, key: tuple[str, str, str, str | None], find: Callable[[str, str, str | None], str], *args: Any
     ) -> str:

@@ -374,6 +374,10 @@ class Reconciler:
             pods=live.pods, containers=live.containers, gone=gone, gone_containers=gone_containers
         )
         self._previous = live
+        cgroups = self.runner.context.cgroups
+        if cgroups is not None:
+            for pod in gone:  # their cgroups are gone: so are their remembered paths
+                cgroups.forget(pod.cgroup_parent)
         for plugin, count in report.repaired.items():
             if count:
                 self.metrics.drift.labels(plugin=plugin).inc(count)
