@@ -675,7 +675,8 @@ def print_breakdown(breakdown: dict[str, Any], part: dict[str, Any] | None) -> N
     print("fake trees, alternating passes; ms). rpc / no-op: p50 through runtime-hooks / the no-op server (part 1);")
     print("server work: decode + plugins + answer without gRPC, sync handlers in threads as the server runs them;")
     print("inline: the same with every handler called on the event loop; handlers: their own time (mean); path")
-    print("checks: of that, CgroupFS path building and checks / ResctrlFS.group_path (resolution + root check), mean and calls per call")
+    print("checks: of that, CgroupFS path building and checks / ResctrlFS.group_path (resolution + root check),"
+          " mean and calls per call")
     head = (f"{'hook point':<20}{'rpc p50':>8}{'no-op':>7}{'server work':>12}{'inline':>8}{'handlers':>9}"
             f"{'path checks':>12}{'n':>4}   handlers by plugin")
     print(head)

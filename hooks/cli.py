@@ -36,6 +36,7 @@ from runtimeproxy.cli_options import (
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
+from runtimeproxy.malloc import trim_every
 from runtimeproxy.metrics import start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 
@@ -398,7 +399,9 @@ async def _serve(serving: _Serving) -> int:
     systemd = loop.create_task(serving.systemd.run(), name="runtime-hooks-systemd") if serving.systemd else None
     notify("READY=1\nSTATUS=serving runtime hooks")
     log.info("ready", metrics_address=metrics_server.address if metrics_server else None)
+    trimmer = loop.create_task(trim_every())  # as the proxy: free heap pages back to the kernel
     await stop.wait()
+    trimmer.cancel()
     notify("STOPPING=1")
     if reconciler is not None:
         await reconciler.stop()  # before the plugins' on_stop: no round may run on stopped plugins

@@ -28,16 +28,13 @@ from runtimeproxy.dispatch.merge import CgroupDriver
 from runtimeproxy.endpoints import EndpointError, socket_path
 from runtimeproxy.listener import AlreadyServing
 from runtimeproxy.logs import configure_logging
-from runtimeproxy.malloc import return_large_blocks_to_the_kernel, trim
+from runtimeproxy.malloc import return_large_blocks_to_the_kernel, trim_every
 from runtimeproxy.metrics import CallMetrics, parse_address, start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 from runtimeproxy.server import ProxyServer, ProxySettings
 
 log = structlog.get_logger("runtimeproxy.cli")
 
-# Free heap pages go back to the kernel this often (and once when ready): start-up and bursts of
-# large requests leave some inside the heap, where glibc keeps them otherwise.
-TRIM_INTERVAL = 30.0
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -279,7 +276,7 @@ async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_a
     watchdog.start()
     notify("READY=1\nSTATUS=relaying CRI calls")
     log.info("ready", metrics_address=metrics_server.address if metrics_server else None)
-    trimmer = loop.create_task(_trim_every(TRIM_INTERVAL))
+    trimmer = loop.create_task(trim_every())  # once now, when start-up's garbage is free, then periodically
     await stop.wait()
     trimmer.cancel()
     notify("STOPPING=1")
@@ -290,11 +287,6 @@ async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_a
     if metrics_server is not None:
         metrics_server.close()
     return 0
-
-
-async def _trim_every(interval: float) -> None:
-    while trim():
-        await asyncio.sleep(interval)
 
 
 def main() -> None:

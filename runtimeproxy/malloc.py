@@ -5,12 +5,14 @@ so after a few large requests later ones land on the heap, whose freed pages sta
 the process. Fixing the threshold keeps every large buffer (a held 15 MiB request, its
 decoded copy) in its own mapping, returned to the kernel as soon as it is freed.
 
-`trim` hands back the free pages inside the heap too (malloc_trim(3)), which only the top
-of the heap otherwise returns: start-up frees a few MiB of import-time garbage there.
+`trim` / `trim_every` hand back the free pages inside the heap too (malloc_trim(3)), which only
+the top of the heap otherwise returns: start-up frees a few MiB of import-time garbage there, and
+a daemon with several threads (runtime-hooks: gRPC's, plugin threads) spreads churn over arenas.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 from typing import Any
 
@@ -44,12 +46,33 @@ def return_large_blocks_to_the_kernel() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * LARGE_BLOCK))
 
 
-def trim() -> bool:
-    """Return the heap's free pages to the kernel (glibc's malloc_trim(0)); False where the C
-    library has no malloc_trim (a debug line says so)."""
+# Free heap pages go back to the kernel this often: start-up, bursts of large requests and
+# churn across threads' arenas leave some inside the heap, where glibc keeps them otherwise.
+TRIM_INTERVAL = 30.0
+
+
+def _malloc_trim() -> Any:
     malloc_trim = _libc_function("malloc_trim")
+    if malloc_trim is not None:
+        malloc_trim.argtypes = [ctypes.c_size_t]
+        malloc_trim.restype = ctypes.c_int
+    return malloc_trim
+
+
+def trim() -> bool:
+    """Return the heap's free pages to the kernel now (glibc's malloc_trim(0), every arena);
+    False where the C library has no malloc_trim (a debug line says so)."""
+    malloc_trim = _malloc_trim()
     if malloc_trim is None:
         return False
-    malloc_trim.argtypes = [ctypes.c_size_t]
-    malloc_trim.restype = ctypes.c_int
-    return bool(malloc_trim(0))
+    malloc_trim(0)  # its result says whether anything was released, not whether it worked
+    return True
+
+
+async def trim_every(interval: float = TRIM_INTERVAL) -> None:
+    """:func:`trim` now and every ``interval`` seconds, until cancelled; returns at once where
+    the C library has no malloc_trim."""
+    malloc_trim = _malloc_trim()
+    while malloc_trim is not None:
+        malloc_trim(0)
+        await asyncio.sleep(interval)
