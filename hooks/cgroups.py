@@ -72,7 +72,7 @@ import functools
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -541,24 +541,16 @@ class CgroupFS:
         if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
             raise CgroupPathError(f"{target} resolves to {real}, outside the cgroup root {real_root}")
 
-    def forget(self, parent: str) -> int:
-        """Drop what is remembered about the pod ``parent``'s paths (its cgroups are gone): the
-        caches then hold the live pods' paths, not every pod the node ever ran. Returns how many
-        entries went."""
+    def retain(self, parents: Collection[str]) -> int:
+        """Keep what is remembered of the paths of the pods ``parents`` (the live ones) and drop the
+        rest, so the caches hold today's pods rather than every pod the node ever ran (a pod that
+        lived between two reconcile rounds is never seen gone). Resolutions are simply dropped:
+        they come back with one lstat each. Returns how many entries went."""
+        live = frozenset(parents)
         before = len(self._paths) + len(self._resolved)
-        self._paths = {key: path for key, path in self._paths.items() if key[2] != parent}
-        try:
-            relative = parent_path(parent)
-        except CgroupPathError:
-            relative = ""
-        if relative:
-            prefixes = tuple(os.path.join(base, relative) for base in self._hierarchy_dirs.values())
-            self._resolved = {
-                key: real
-                for key, real in self._resolved.items()
-                if not any(key == prefix or key.startswith(prefix + os.sep) for prefix in prefixes)
-            }
-        return before - len(self._paths) - len(self._resolved)
+        self._paths = {key: path for key, path in self._paths.items() if key[2] in live}
+        self._resolved = {}
+        return before - len(self._paths)
 
     def _remembered(
         self, key: tuple[str, str, str, str | None], find: Callable[[str, str, str | None], str], *args: Any

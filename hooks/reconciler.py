@@ -375,9 +375,8 @@ class Reconciler:
         )
         self._previous = live
         cgroups = self.runner.context.cgroups
-        if cgroups is not None:
-            for pod in gone:  # their cgroups are gone: so are their remembered paths
-                cgroups.forget(pod.cgroup_parent)
+        if cgroups is not None:  # the path caches keep the live pods only
+            cgroups.retain([pod.cgroup_parent for pod in live.pods])
         for plugin, count in report.repaired.items():
             if count:
                 self.metrics.drift.labels(plugin=plugin).inc(count)

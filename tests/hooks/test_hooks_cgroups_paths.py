@@ -72,21 +72,20 @@ def test_a_bad_parent_is_refused_each_time_it_is_asked(tmp_path: Path) -> None:
 
 
 @settings(max_examples=15, deadline=None)
-@given(tree=st.sampled_from(TREES), uids=st.lists(st.text("abcdef0123456789", min_size=1, max_size=8), min_size=2,
-                                                   max_size=4, unique=True))
-def test_forgetting_a_pod_drops_its_paths_and_keeps_the_others(tree: tuple[int, str], uids: list[str]) -> None:
+@given(
+    tree=st.sampled_from(TREES),
+    uids=st.lists(st.text("abcdef0123456789", min_size=1, max_size=8), min_size=2, max_size=4, unique=True),
+)
+def test_retaining_the_live_pods_drops_the_others_paths(tree: tuple[int, str], uids: list[str]) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         fake = fake_tree(tree, Path(scratch) / "cgroup")
         parents = [fake.add_pod(uid, "besteffort") for uid in uids]
         fs = fake.fs()
         for parent in parents:
             fs.pod_path("cpu", parent)
-        remembered = len(fs._paths) + len(fs._resolved)
-        gone, *kept = parents
-        assert fs.forget(gone) > 0
-        assert all(key[2] != gone for key in fs._paths)
-        assert all(gone.strip("/") not in key for key in fs._resolved)
-        assert len(fs._paths) + len(fs._resolved) < remembered
-        # the others are still remembered, and the forgotten pod's paths are built again alike
-        assert all(any(key[2] == parent for key in fs._paths) for parent in kept)
+        gone, *live = parents
+        assert fs.retain(live) > 0
+        assert {key[2] for key in fs._paths} == set(live)
+        # the dropped pod's paths are built and checked again alike
         assert fs.pod_path("cpu", gone) == expected(fs, "cpu", gone, None)
+        assert all(fs.pod_path("cpu", parent) == expected(fs, "cpu", parent, None) for parent in live)
