@@ -58,6 +58,7 @@ import structlog
 
 from runtimeproxy import trace
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
+from runtimeproxy.cli_options import DEFAULT_HOOK_CONFIG_DIR  # the directory the proxy reads
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 from runtimeproxy.dispatch.layer import DEFAULT_POLL_INTERVAL
 from runtimeproxy.dispatch.registry import MAX_TIMEOUT
@@ -90,7 +91,6 @@ __all__ = [
 log = structlog.get_logger("runtimeproxy.hooks.server")
 
 DEFAULT_ENDPOINT: Final = "/var/run/runtimehooks/hooks.sock"
-DEFAULT_HOOK_CONFIG_DIR: Final = "/etc/runtime/hookserver.d"
 REGISTRATION_FILE: Final = "runtime-hooks.json"
 SERVICE: Final = "runtime.v1alpha1.RuntimeHookService"
 # Added to the plugins' timeouts in the registration: gRPC and conversion overhead.

@@ -13,14 +13,13 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from runtimeproxy.relay.grpc_wire import code_name  # re-exported: the proxy labels calls by it
+from runtimeproxy.relay.grpc_wire import code_name
 
 __all__ = [
     "DURATION_BUCKETS",
     "CallMetrics",
     "MetricsServer",
     "StoreMetrics",
-    "code_name",
     "format_address",
     "parse_address",
     "start_metrics_server",

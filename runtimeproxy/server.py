@@ -11,8 +11,9 @@ import structlog
 from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.listener import UnixListener, open_unix_listener
 from runtimeproxy.logs import debug_enabled
-from runtimeproxy.metrics import CallMetrics, code_name
+from runtimeproxy.metrics import CallMetrics
 from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions
+from runtimeproxy.relay.grpc_wire import code_name
 from runtimeproxy.relay.interceptor import CallInterceptor, PassThrough
 from runtimeproxy.relay.methods import MethodInfo, MethodTable, is_lifecycle
 
