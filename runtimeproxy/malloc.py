@@ -5,7 +5,7 @@ so after a few large requests later ones land on the heap, whose freed pages sta
 the process. Fixing the threshold keeps every large buffer (a held 15 MiB request, its
 decoded copy) in its own mapping, returned to the kernel as soon as it is freed.
 
-`trim` / `trim_every` hand back the free pages inside the heap too (malloc_trim(3)), which only
+`trim_every` hands back the free pages inside the heap too (malloc_trim(3)), which only
 the top of the heap otherwise returns: start-up frees a few MiB of import-time garbage there, and
 a daemon with several threads (runtime-hooks: gRPC's, plugin threads) spreads churn over arenas.
 """
@@ -59,19 +59,11 @@ def _malloc_trim() -> Any:
     return malloc_trim
 
 
-def trim() -> bool:
-    """Return the heap's free pages to the kernel now (glibc's malloc_trim(0), every arena);
-    False where the C library has no malloc_trim (a debug line says so)."""
-    malloc_trim = _malloc_trim()
-    if malloc_trim is None:
-        return False
-    malloc_trim(0)  # its result says whether anything was released, not whether it worked
-    return True
-
-
 async def trim_every(interval: float = TRIM_INTERVAL) -> None:
-    """:func:`trim` now and every ``interval`` seconds, until cancelled; returns at once where
-    the C library has no malloc_trim."""
+    """Return the heap's free pages to the kernel (glibc's malloc_trim(0), every arena) now and
+    every ``interval`` seconds, until cancelled; returns at once where the C library has no
+    malloc_trim (a debug line says so). malloc_trim's result says whether anything was
+    released, not whether it worked, so it does not stop the loop."""
     malloc_trim = _malloc_trim()
     while malloc_trim is not None:
         malloc_trim(0)
