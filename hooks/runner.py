@@ -12,7 +12,7 @@ import functools
 import inspect
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
@@ -457,27 +457,13 @@ class PluginRunner:
             awaitable = handler.fn(**kwargs)
         except Exception as exc:  # the call itself raised before returning a coroutine
             return "error", _reason(exc), None
-        if inspect.iscoroutine(awaitable):
-            # Most handlers finish without ever suspending (cgroup files are read and written
-            # synchronously): run the first step here, which saves a task, a timer and two loop
-            # turns (about 20 us a handler). Only a handler that suspends goes on as a task.
-            context = contextvars.copy_context()  # as a task's: the handler's context changes stay its own
-            try:
-                first = context.run(awaitable.send, None)
-            except StopIteration as stop:
-                return "ok", "", stop.value
-            except asyncio.CancelledError:
-                return "error", "cancelled", None
-            except Exception as exc:
-                return "error", _reason(exc), None
-            task = asyncio.get_running_loop().create_task(_rest(awaitable, first), context=context)
-        else:
-            try:
-                task = asyncio.ensure_future(awaitable)
-            except Exception as exc:  # not awaitable
-                return "error", _reason(exc), None
+        try:
+            # A task of its own even for a handler that never suspends: asyncio.timeout() and
+            # anything else keyed on the current task must find the handler's, not the hook call's.
+            task = asyncio.ensure_future(awaitable, loop=asyncio.get_running_loop())
+        except Exception as exc:  # not awaitable
+            return "error", _reason(exc), None
         # asyncio.wait, not wait_for: a handler that swallows its cancellation must not hold up the call.
-        # The timeout counts from the call's start, the first step included, as it did for a task.
         remaining = max(0.0, plugin.timeout - (time.monotonic() - started))
         try:
             done, _ = await asyncio.wait({task}, timeout=remaining)
@@ -557,38 +543,6 @@ class PluginRunner:
 
 class _ReturnedAwaitable(Exception):
     pass
-
-
-class _Resumed:
-    """The rest of a coroutine whose first step yielded ``first``, as an awaitable: what ``yield
-    from`` does, from its first yield on (the task waits on ``first``, then sends or throws into
-    the coroutine what it gets)."""
-
-    __slots__ = ("_coro", "_first")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
-        self._coro = coro
-        self._first = first
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, value = self._coro, self._first
-        while True:
-            try:
-                sent = yield value
-            except BaseException as exc:  # cancellation, GeneratorExit: passed on, as yield from does
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
-
-
-async def _rest(coro: Coroutine[Any, Any, Any], first: Any) -> Any:
-    return await _Resumed(coro, first)
 
 
 def _late_end(plugin: str, work: concurrent.futures.Future[Any]) -> None:

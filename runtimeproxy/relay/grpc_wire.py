@@ -109,6 +109,7 @@ class BadRequest(ValueError):
 
 # Encodings a gRPC peer may name in grpc-encoding that the proxy can read.
 _DECOMPRESSORS: Final = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+READABLE_ENCODINGS: Final = frozenset(_DECOMPRESSORS)
 
 
 def single_request(payload: bytes, encoding: str, limit: int) -> bytes:

@@ -1,6 +1,6 @@
-"""How PluginRunner runs an ``async def`` handler: its first step in the hook call itself, and only a
-handler that suspends as a task under its timeout; either way the same outcomes, answers, context
-isolation and metrics as a task of its own gave."""
+"""How PluginRunner runs an ``async def`` handler: as a task of its own under its timeout, whether or
+not it suspends: the same outcomes, answers, context isolation and metrics either way, and the
+handler's own ``asyncio.timeout()`` stays its own."""
 
 from __future__ import annotations
 
@@ -191,3 +191,23 @@ async def test_reconcile_handlers_return_their_repairs_with_or_without_suspendin
     report = await runner(quick, slow).reconcile_report(pods=[POD])
     assert report.repaired == {"quick": 2, "slow": 3}
     assert report.failures == []
+
+
+async def test_a_handlers_own_asyncio_timeout_is_its_own() -> None:
+    """A handler that opens ``asyncio.timeout()`` before its first await (as clients such as aiohttp
+    do inside) gets its TimeoutError itself: the hook call goes on with the other plugins."""
+    first, second = Plugin("first", order=1), Plugin("second", order=2)
+
+    @first.on(CREATE)
+    async def slow_client(**kwargs: Any) -> None:
+        async with asyncio.timeout(0.05):
+            await asyncio.sleep(30)
+
+    @second.on(CREATE)
+    async def stamp(*, response: Any, **kwargs: Any) -> None:
+        response.annotations["second"] = "ran"
+
+    result = await asyncio.wait_for(runner(first, second).run(CREATE, pod=POD, container=CONTAINER), 5)
+    assert [(f.plugin, f.outcome) for f in result.failures] == [("first", "error")]
+    assert "TimeoutError" in result.failures[0].reason
+    assert result.response.annotations == {"second": "ran"}

@@ -1,0 +1,477 @@
+"""One HTTP/2 connection end for unary gRPC: what our client (h2client) and server (h2server) share.
+
+`H2Peer` is an asyncio protocol that reads frames (RFC 9113 section 4) and keeps the
+connection state both sides need the same way:
+
+* the frame read loop, with frames over the 16384 bytes we allow (we never raise
+  SETTINGS_MAX_FRAME_SIZE) refused; the server side first checks the client preface;
+* header blocks: HEADERS plus CONTINUATION assembled (nothing else may come between them),
+  padding and priority fields removed, at most `MAX_HEADER_BLOCK` bytes, decoded with the
+  relay's CachingDecoder (peers do use the dynamic table, so every block is decoded, also
+  one for a stream we no longer follow);
+* SETTINGS (the peer's initial stream window, applied to open streams too; its maximum frame
+  size and concurrent streams), PING answered, WINDOW_UPDATE credited to the send windows;
+* sending a message body within the peer's stream and connection windows and its maximum
+  frame size (`send`): what fits goes out in one write, the rest once WINDOW_UPDATEs open room;
+* our receive windows: opened at once to a whole message of the largest size, so a large
+  message needs no round trips, and credited back by the subclass (`credit_connection`);
+* protocol errors: GOAWAY with the RFC's error code, connection closed, one log line.
+
+Subclasses get the stream-level events (`_on_headers`, `_on_data`, `_on_rst_stream`,
+`_on_goaway`) and the end of the connection (`_closed`, exactly once). Also here: `RpcError`,
+the status of a failed call on either side, and the helpers reading one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Final, Generic, TypeVar, cast
+
+import hpack
+import structlog
+
+from runtimeproxy.relay import frames, grpc_wire
+from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.relay.hpack_cache import CachingDecoder
+
+__all__ = [
+    "MAX_HEADER_BLOCK",
+    "SETTINGS_MAX_CONCURRENT_STREAMS",
+    "H2Peer",
+    "PeerStream",
+    "ProtocolViolation",
+    "RpcError",
+    "decode_literal_block",
+    "details_of",
+    "header_frames",
+    "status_of",
+]
+
+log = structlog.get_logger("runtimeproxy.h2peer")
+
+SETTINGS_ENABLE_PUSH: Final = 0x2
+SETTINGS_MAX_CONCURRENT_STREAMS: Final = 0x3
+SETTINGS_MAX_HEADER_LIST_SIZE: Final = 0x6
+# Error codes (RFC 9113 section 7) beyond those in relay.frames.
+FLOW_CONTROL_ERROR: Final = 0x3
+STREAM_CLOSED: Final = 0x5
+FRAME_SIZE_ERROR: Final = 0x6
+COMPRESSION_ERROR: Final = 0x9
+ENHANCE_YOUR_CALM: Final = 0xB
+# Largest header block (and decoded header list) accepted from the peer; grpc-core's default
+# hard limit for metadata is 16 KiB, so this leaves room.
+MAX_HEADER_BLOCK: Final = 64 * 1024
+
+
+class RpcError(Exception):
+    """A call that ended with a status other than OK, from the peer or decided here.
+
+    A server handler raises it to answer that status (`code`, `details`)."""
+
+    def __init__(self, code: int, details: str) -> None:
+        self._code = StatusCode(code) if code in grpc_wire.CODE_NAMES else StatusCode.UNKNOWN
+        self._details = details
+        super().__init__(f"{self._code.name}: {details}")
+
+    def code(self) -> StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The gRPC status code of a failed call, `RpcError` or grpc's AioRpcError (read by its
+    ``code()``, so grpc need not be imported); None for any other exception."""
+    if isinstance(exc, RpcError):
+        return int(exc.code())
+    code_method = getattr(exc, "code", None)
+    if not callable(code_method) or not callable(getattr(exc, "details", None)):
+        return None
+    code = code_method()
+    value = getattr(code, "value", code)  # grpc.StatusCode's value is (number, text)
+    number = value[0] if isinstance(value, tuple) else value
+    return number if isinstance(number, int) else None
+
+
+def details_of(exc: BaseException) -> str:
+    """The details text of a failed call (`RpcError` or grpc's), else the exception's text."""
+    details = getattr(exc, "details", None)
+    return str(details()) if callable(details) else str(exc)
+
+
+def header_frames(stream_id: int, block: bytes, end_stream: bool, max_frame: int) -> bytes:
+    """``block`` as one HEADERS frame, or HEADERS plus CONTINUATION frames when it is longer
+    than the peer's maximum frame size (RFC 9113 section 6.10)."""
+    pieces = [block[i : i + max_frame] for i in range(0, len(block), max_frame)] or [b""]
+    out = bytearray()
+    for n, piece in enumerate(pieces):
+        flags = frames.FLAG_END_HEADERS if n == len(pieces) - 1 else 0
+        if n == 0:
+            out += frames.frame(frames.HEADERS, flags | (frames.FLAG_END_STREAM if end_stream else 0), stream_id, piece)
+        else:
+            out += frames.frame(frames.CONTINUATION, flags, stream_id, piece)
+    return bytes(out)
+
+
+def decode_literal_block(block: bytes) -> list[tuple[str, str]] | None:
+    """The header fields of ``block`` when it is made only of literals without indexing or never
+    indexed, with literal names and no Huffman coding (what hpack_literal writes: our client's
+    requests, our server's answers; RFC 7541 sections 6.2.2, 6.2.3); None for any other block.
+
+    Such fields never touch the dynamic table, so decoding them here keeps the HPACK decoder in
+    step, and it is much cheaper: a request's block differs in grpc-timeout from call to call, so
+    the CachingDecoder would decode each one in full (about 35 us). Values as latin-1 text, as
+    hpack_cache gives them. OversizedHeaderListError past `MAX_HEADER_BLOCK`, as the decoder.
+    """
+    fields: list[tuple[str, str]] = []
+    size = 0
+    offset, end = 0, len(block)
+    while offset < end:
+        if block[offset] & 0xEF:  # 0x00 (without indexing) or 0x10 (never indexed), name index 0
+            return None
+        name, offset = _literal_string(block, offset + 1, end)
+        value, offset = _literal_string(block, offset, end)
+        if name is None or value is None:
+            return None
+        size += len(name) + len(value) + 32  # RFC 7541 section 4.1, as SETTINGS_MAX_HEADER_LIST_SIZE counts
+        if size > MAX_HEADER_BLOCK:
+            raise hpack.OversizedHeaderListError(f"header list over {MAX_HEADER_BLOCK} bytes")
+        fields.append((name, value))
+    return fields
+
+
+def _literal_string(block: bytes, offset: int, end: int) -> tuple[str | None, int]:
+    """A string literal without Huffman coding at ``offset`` (RFC 7541 section 5.2), as
+    latin-1 text, and the offset after it; None for a Huffman-coded or truncated one."""
+    if offset >= end:
+        return None, offset
+    length = block[offset]
+    offset += 1
+    if length >= 0x7F:  # Huffman-coded (0x80 set), or the integer continues (section 5.1)
+        if length & 0x80:
+            return None, offset
+        shift = 0
+        while True:
+            if offset >= end or shift > 28:
+                return None, offset
+            byte = block[offset]
+            offset += 1
+            length += (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+    stop = offset + length
+    if stop > end:
+        return None, offset
+    return block[offset:stop].decode("latin-1"), stop
+
+
+class ProtocolViolation(Exception):
+    """The peer broke HTTP/2: the connection ends with GOAWAY ``h2_code``."""
+
+    def __init__(self, h2_code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.h2_code = h2_code
+
+
+class PeerStream:
+    """What the connection tracks of every open stream: our send window on it."""
+
+    __slots__ = ("send_window",)
+
+    def __init__(self, send_window: int) -> None:
+        self.send_window = send_window
+
+    def ended(self) -> bool:
+        """Whether the stream is over (a sender waiting for a window stops)."""
+        raise NotImplementedError
+
+
+S = TypeVar("S", bound=PeerStream)
+
+
+class H2Peer(asyncio.Protocol, Generic[S]):
+    """The shared half of an HTTP/2 connection end; see the module doc.
+
+    ``streams`` holds the open streams; a subclass adds and removes them and calls
+    ``stream_over`` when one is removed, so that waiting senders look again.
+    """
+
+    def __init__(
+        self, name: str, max_message_size: int, *, server: bool, settings: Mapping[int, int] | None = None
+    ) -> None:
+        self.name = name
+        self.limit = max_message_size
+        # Our receive windows: a whole message of the largest size fits at once.
+        self.window = min(max_message_size + grpc_wire.PREFIX_LEN, frames.MAX_WINDOW_INCREMENT)
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, S] = {}
+        self.lost: str | None = None  # why the connection ended, once it has
+        self.decoder = CachingDecoder(max_header_list_size=MAX_HEADER_BLOCK)
+        self.peer_window = frames.DEFAULT_WINDOW  # peer's initial stream window
+        self.peer_max_frame = frames.DEFAULT_MAX_FRAME
+        self.peer_max_streams = frames.MAX_STREAM_ID  # no limit until the peer sets one
+        self.send_window = frames.DEFAULT_WINDOW  # connection-level, towards the peer
+        self.progress = asyncio.Event()  # set when a window opens or a stream ends
+        self.unacked = 0  # connection-level bytes received and not yet credited back
+        self._server = server
+        self._settings_sent = {
+            SETTINGS_ENABLE_PUSH: 0,
+            frames.SETTINGS_INITIAL_WINDOW_SIZE: self.window,
+            SETTINGS_MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK,
+            **(settings or {}),
+        }
+        self._preface_seen = not server  # a server first reads the client's preface
+        self._buffer = bytearray()
+        self._headers_of = 0  # stream whose header block continues in CONTINUATION frames
+        self._block = bytearray()
+        self._block_flags = 0
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        transport.write(
+            (b"" if self._server else frames.PREFACE)
+            + frames.settings(self._settings_sent)
+            + frames.window_update(0, self.window - frames.DEFAULT_WINDOW)
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc}" if exc else ""
+        self._lose(f"connection to {self.name} closed{reason}")
+
+    def data_received(self, data: bytes) -> None:
+        if self.lost is not None:
+            return
+        self._buffer += data
+        try:
+            if self._preface_seen or self._take_preface():
+                self._parse()
+        except ProtocolViolation as exc:
+            log.warning(
+                "closing the HTTP/2 connection: the peer broke the protocol",
+                peer=self.name, reason=str(exc), h2_error=exc.h2_code,
+            )
+            self.abort(exc.h2_code, str(exc))
+        except Exception as exc:  # our bug: this connection ends, the others go on
+            log.exception("closing the HTTP/2 connection: internal error", peer=self.name, error=repr(exc))
+            self.abort(frames.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+
+    # -- for subclasses ------------------------------------------------------------------------
+
+    def _on_headers(self, stream_id: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
+        raise NotImplementedError
+
+    def _on_data(self, stream_id: int, data: bytes, end_stream: bool, flow_size: int) -> None:
+        """A DATA frame on a stream: its data without padding; ``flow_size`` is what it counts
+        against our windows (padding included), for the subclass to credit back."""
+        raise NotImplementedError
+
+    def _on_rst_stream(self, stream_id: int, error_code: int) -> None:
+        raise NotImplementedError
+
+    def _on_goaway(self, last_stream_id: int, error_code: int) -> None:
+        raise NotImplementedError
+
+    def _closed(self, reason: str) -> None:
+        """The connection ended (``reason`` says how): end what still waits on it."""
+        raise NotImplementedError
+
+    def _last_stream_id(self) -> int:
+        """The GOAWAY's last stream id: the highest peer-initiated stream we process."""
+        return 0
+
+    def stream_over(self) -> None:
+        """A stream left ``streams``: senders waiting for a window check theirs again."""
+        self.progress.set()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and self.lost is None:
+            self.transport.write(data)
+
+    def credit_connection(self, size: int) -> None:
+        """Give ``size`` bytes of the connection's receive window back; batched to half a window."""
+        self.unacked += size
+        if self.unacked >= self.window // 2:
+            self.write(frames.window_update(0, self.unacked))
+            self.unacked = 0
+
+    async def send(self, stream_id: int, stream: S, head: bytes, body: bytes, tail: bytes) -> bool:
+        """Write ``head`` (frames), the non-empty ``body`` as DATA frames within the peer's
+        windows and maximum frame size, then ``tail`` (frames). The last DATA frame carries
+        END_STREAM when there is no tail. What fits at once goes out in one write. False when
+        the stream or the connection ended while waiting for a window."""
+        out = bytearray(head)
+        view = memoryview(body)
+        while True:
+            take = min(self.send_window, stream.send_window, len(view))
+            if take > 0:
+                chunk, view = view[:take], view[take:]
+                self.send_window -= take
+                stream.send_window -= take
+                out += b"".join(frames.data_frames(stream_id, bytes(chunk), self.peer_max_frame, not view and not tail))
+            if not view:
+                self.write(bytes(out + tail))
+                return True
+            if out:
+                self.write(bytes(out))
+                out.clear()
+            self.progress.clear()
+            await self.progress.wait()
+            if stream.ended() or self.lost is not None:
+                return False
+
+    def abort(self, h2_code: int, reason: str) -> None:
+        """End the connection for a protocol error: GOAWAY ``h2_code``, then close."""
+        if self.transport is not None and self.lost is None:
+            self.transport.write(frames.goaway(self._last_stream_id(), h2_code, reason.encode()[:200]))
+            self.transport.close()
+        self._lose(f"HTTP/2 connection to {self.name} failed: {reason}")
+
+    def _lose(self, reason: str) -> None:
+        if self.lost is None:
+            self.lost = reason
+            self._closed(reason)
+        self.progress.set()  # senders waiting for a window see the connection gone
+
+    # -- frames ----------------------------------------------------------------------------------
+
+    def _take_preface(self) -> bool:
+        """Whether the client preface is in (and consumed); a wrong one is a protocol error."""
+        got = bytes(self._buffer[: len(frames.PREFACE)])
+        if not frames.PREFACE.startswith(got):
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "the connection does not start with the HTTP/2 preface")
+        if len(got) < len(frames.PREFACE):
+            return False
+        del self._buffer[: len(frames.PREFACE)]
+        self._preface_seen = True
+        return True
+
+    def _parse(self) -> None:
+        buffer = self._buffer
+        offset = 0
+        while len(buffer) - offset >= frames.HEADER_LEN:
+            high, low, ftype, flags, stream_id = frames.FRAME_HEADER.unpack_from(buffer, offset)
+            length = high << 8 | low
+            if length > frames.DEFAULT_MAX_FRAME:  # we never raise SETTINGS_MAX_FRAME_SIZE
+                raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes over the 16384 allowed")
+            end = offset + frames.HEADER_LEN + length
+            if end > len(buffer):
+                break
+            payload = bytes(buffer[offset + frames.HEADER_LEN : end])
+            offset = end
+            self._frame(ftype, flags, stream_id & frames.MAX_STREAM_ID, payload)
+            if self.lost is not None:
+                return
+        del buffer[:offset]
+
+    def _frame(self, ftype: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._headers_of and ftype != frames.CONTINUATION:
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "header block interrupted before END_HEADERS")
+        if ftype == frames.DATA:
+            self._data(flags, stream_id, payload)
+        elif ftype in (frames.HEADERS, frames.CONTINUATION):
+            self._header_fragment(ftype, flags, stream_id, payload)
+        elif ftype == frames.RST_STREAM:
+            if len(payload) != 4 or not stream_id:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "malformed RST_STREAM")
+            self._on_rst_stream(stream_id, int.from_bytes(payload, "big"))
+        elif ftype == frames.SETTINGS:
+            self._settings(flags, stream_id, payload)
+        elif ftype == frames.PING:
+            if len(payload) != 8 or stream_id:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "malformed PING")
+            if not flags & frames.FLAG_ACK:
+                self.write(frames.frame(frames.PING, frames.FLAG_ACK, 0, payload))
+        elif ftype == frames.GOAWAY:
+            if len(payload) < 8 or stream_id:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "malformed GOAWAY")
+            last = int.from_bytes(payload[:4], "big") & frames.MAX_STREAM_ID
+            self._on_goaway(last, int.from_bytes(payload[4:8], "big"))
+        elif ftype == frames.WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif ftype == frames.PUSH_PROMISE:  # we announce ENABLE_PUSH 0, and clients never push
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "PUSH_PROMISE although push is disabled")
+        # PRIORITY and unknown frame types are ignored (RFC 9113 sections 4.1 and 5.3.2).
+
+    def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if not stream_id:
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA on stream 0")
+        if flags & frames.FLAG_PADDED and not payload:
+            raise ProtocolViolation(FRAME_SIZE_ERROR, "padded DATA without its pad length")
+        start, end = frames.data_payload_length(flags, payload)
+        if start > end:
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA padding longer than the frame")
+        self._on_data(stream_id, payload[start:end], bool(flags & frames.FLAG_END_STREAM), len(payload))
+
+    def _header_fragment(self, ftype: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if ftype == frames.CONTINUATION:
+            if stream_id != self._headers_of or not stream_id:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            self._block += payload
+        else:
+            if not stream_id:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "HEADERS on stream 0")
+            fixed = (1 if flags & frames.FLAG_PADDED else 0) + (5 if flags & frames.FLAG_PRIORITY else 0)
+            if len(payload) < fixed or (flags & frames.FLAG_PADDED and payload[0] > len(payload) - fixed):
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "HEADERS padding longer than the frame")
+            self._block = bytearray(frames.header_block_fragment(flags, payload))
+            self._block_flags = flags
+        if len(self._block) > MAX_HEADER_BLOCK:
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
+        if not flags & frames.FLAG_END_HEADERS:
+            self._headers_of = stream_id
+            return
+        self._headers_of = 0
+        block = bytes(self._block)
+        try:  # every block is decoded, a reset stream's too: it may change the HPACK table
+            headers = decode_literal_block(block)
+            if headers is None:
+                headers = self.decoder.decode(block)
+        except hpack.OversizedHeaderListError:
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"header list over {MAX_HEADER_BLOCK} bytes") from None
+        except hpack.HPACKError as exc:
+            raise ProtocolViolation(COMPRESSION_ERROR, f"header block does not decode: {exc}") from None
+        self._on_headers(stream_id, headers, bool(self._block_flags & frames.FLAG_END_STREAM))
+
+    def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id or (flags & frames.FLAG_ACK and payload) or len(payload) % 6:
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "malformed SETTINGS")
+        if flags & frames.FLAG_ACK:
+            return
+        values = frames.parse_settings(payload)
+        if values.get(SETTINGS_ENABLE_PUSH, 0) > 1:
+            raise ProtocolViolation(frames.PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH other than 0 or 1")
+        window = values.get(frames.SETTINGS_INITIAL_WINDOW_SIZE)
+        if window is not None:
+            if window > frames.MAX_WINDOW_INCREMENT:
+                raise ProtocolViolation(FLOW_CONTROL_ERROR, "initial window over 2^31-1")
+            for stream in self.streams.values():  # RFC 9113 section 6.9.2: open streams follow
+                stream.send_window += window - self.peer_window
+            self.peer_window = window
+        max_frame = values.get(frames.SETTINGS_MAX_FRAME_SIZE)
+        if max_frame is not None:
+            if not frames.DEFAULT_MAX_FRAME <= max_frame <= 0xFFFFFF:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {max_frame} out of range")
+            self.peer_max_frame = max_frame
+        self.peer_max_streams = values.get(SETTINGS_MAX_CONCURRENT_STREAMS, self.peer_max_streams)
+        self.progress.set()
+        self.write(frames.settings_ack())
+
+    def _window_update(self, stream_id: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise ProtocolViolation(FRAME_SIZE_ERROR, "malformed WINDOW_UPDATE")
+        increment = int.from_bytes(payload, "big") & frames.MAX_WINDOW_INCREMENT
+        if not stream_id:
+            if not increment:
+                raise ProtocolViolation(frames.PROTOCOL_ERROR, "WINDOW_UPDATE of 0 on the connection")
+            self.send_window += increment
+            if self.send_window > frames.MAX_WINDOW_INCREMENT:
+                raise ProtocolViolation(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
+        elif (stream := self.streams.get(stream_id)) is not None:
+            stream.send_window += increment
+        self.progress.set()
+
