@@ -24,6 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 import structlog
+import uvloop
 from prometheus_client import CollectorRegistry
 
 from runtimeproxy import __version__
@@ -300,7 +301,7 @@ def serve(
         runner, settings, watcher, policy_listeners, registry, metrics_address, runtime_endpoint, systemd, nri
     )
     try:
-        code = asyncio.run(_serve(serving))
+        code = uvloop.run(_serve(serving))  # as the proxy: its socket I/O costs less on libuv
     except (AlreadyServing, HookCallFailed, OSError, ValueError) as exc:
         _refuse(str(exc))
     sys.exit(code)

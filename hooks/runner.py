@@ -457,6 +457,8 @@ class PluginRunner:
             awaitable = handler.fn(**kwargs)
         except Exception as exc:  # the call itself raised before returning a coroutine
             return "error", _reason(exc), None
+        if handler.never_suspends:
+            return _run_to_end(awaitable)
         try:
             # A task of its own even for a handler that never suspends: asyncio.timeout() and
             # anything else keyed on the current task must find the handler's, not the hook call's.
@@ -543,6 +545,21 @@ class PluginRunner:
 
 class _ReturnedAwaitable(Exception):
     pass
+
+
+def _run_to_end(coro: Any) -> _Called:
+    """Run a coroutine that cannot suspend (Handler.never_suspends) at once, in a copy of the
+    current context as a task would: its context changes stay its own."""
+    try:
+        contextvars.copy_context().run(coro.send, None)
+    except StopIteration as stop:
+        return "ok", "", stop.value
+    except asyncio.CancelledError:
+        return "error", "cancelled", None
+    except Exception as exc:
+        return "error", _reason(exc), None
+    coro.close()  # cannot happen for a body without await; never leave it half run
+    return "error", "suspended although its body has no await", None
 
 
 def _late_end(plugin: str, work: concurrent.futures.Future[Any]) -> None:

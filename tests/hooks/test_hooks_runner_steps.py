@@ -1,15 +1,17 @@
-"""How PluginRunner runs an ``async def`` handler: as a task of its own under its timeout, whether or
-not it suspends: the same outcomes, answers, context isolation and metrics either way, and the
-handler's own ``asyncio.timeout()`` stays its own."""
+"""How PluginRunner runs an ``async def`` handler: one that can suspend as a task of its own under its
+timeout (so its own ``asyncio.timeout()`` stays its own), one whose body has no await to its end in
+the hook call itself; the same outcomes, answers, context isolation and metrics either way."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks.definition import never_suspends
 from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo
 
 from runtimeproxy.dispatch.hookpoints import HookPoint
@@ -211,3 +213,88 @@ async def test_a_handlers_own_asyncio_timeout_is_its_own() -> None:
     assert [(f.plugin, f.outcome) for f in result.failures] == [("first", "error")]
     assert "TimeoutError" in result.failures[0].reason
     assert result.response.annotations == {"second": "ran"}
+
+
+# -- handlers that cannot suspend run in the hook call itself ------------------------------------------
+
+
+async def _no_await(**kwargs: Any) -> None:
+    pass
+
+
+async def _awaits(**kwargs: Any) -> None:
+    await asyncio.sleep(0)
+
+
+async def _async_with(**kwargs: Any) -> None:
+    async with asyncio.Lock():
+        pass
+
+
+async def _async_for(**kwargs: Any) -> None:
+    async def numbers() -> Any:
+        yield 1
+
+    async for _ in numbers():
+        pass
+
+
+async def _async_comprehension(**kwargs: Any) -> list[int]:
+    async def numbers() -> Any:
+        yield 1
+
+    return [n async for n in numbers()]
+
+
+async def _nested_await_only(**kwargs: Any) -> None:
+    async def inner() -> None:  # defined, never awaited here: the handler itself cannot suspend
+        await asyncio.sleep(0)
+
+    del inner
+
+
+class _AsyncCallable:
+    async def __call__(self, **kwargs: Any) -> None:
+        pass
+
+
+def _sync(**kwargs: Any) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected"),
+    [
+        (_no_await, True),
+        (_nested_await_only, True),
+        (_awaits, False),
+        (_async_with, False),
+        (_async_for, False),
+        (_async_comprehension, False),
+        (_AsyncCallable(), False),  # not a plain function: run the general way
+        (functools.partial(_no_await), False),
+        (_sync, False),
+    ],
+)
+def test_which_handlers_never_suspend(fn: Any, expected: bool) -> None:
+    assert never_suspends(fn) is expected
+
+
+async def test_a_handler_without_await_runs_in_the_hook_call_and_one_with_await_in_a_task_of_its_own() -> None:
+    inline, tasked = Plugin("inline", order=1), Plugin("tasked", order=2)
+    tasks: dict[str, asyncio.Task[Any] | None] = {}
+
+    @inline.on(CREATE)
+    async def quick(**kwargs: Any) -> None:
+        tasks["inline"] = asyncio.current_task()
+
+    @tasked.on(CREATE)
+    async def slow(**kwargs: Any) -> None:
+        tasks["tasked"] = asyncio.current_task()
+        await asyncio.sleep(0)
+
+    assert inline.handler(CREATE).never_suspends and not tasked.handler(CREATE).never_suspends  # type: ignore[union-attr]
+    result = await runner(inline, tasked).run(CREATE, pod=POD, container=CONTAINER)
+    assert result.applied == ["inline", "tasked"]
+    assert tasks["inline"] is asyncio.current_task()
+    assert tasks["tasked"] is not None and tasks["tasked"] is not asyncio.current_task()
