@@ -7,11 +7,17 @@ import ipaddress
 import socket
 import socketserver
 import threading
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client import metrics as prometheus_metrics
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import INF, floatToGoString
 
 from runtimeproxy.relay.grpc_wire import code_name
 
@@ -32,29 +38,52 @@ DURATION_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
+# The two call families, exported exactly as prometheus_client's Counter and Histogram
+# with these arguments export them (names, help, labels, buckets, _created).
+CALLS_NAME = "runtimeproxy_cri_calls"
+CALLS_HELP = "CRI calls relayed, by method and gRPC status code name."
+DURATION_NAME = "runtimeproxy_cri_call_duration_seconds"
+DURATION_HELP = "Time from receiving a CRI call to sending its status, by method."
+_BOUNDS: tuple[float, ...] = (*DURATION_BUCKETS, INF)
+_BUCKET_LABELS: tuple[str, ...] = tuple(floatToGoString(b) for b in _BOUNDS)  # type: ignore[no-untyped-call]
+
+
+class _MethodSeries:
+    """One method's counts by status code and its duration histogram (non-cumulative buckets)."""
+
+    __slots__ = ("buckets", "code_created", "codes", "created", "total")
+
+    def __init__(self, created: float) -> None:
+        self.codes: dict[int, int] = {}
+        self.code_created: dict[int, float] = {}
+        self.buckets = [0] * len(_BOUNDS)
+        self.total = 0.0
+        self.created = created
+
+
 class CallMetrics:
     """The proxy's call metrics, registered in ``registry`` (default: the global one).
 
     Registering twice in one registry raises ValueError (duplicated timeseries), so build
     one instance per registry. ``method`` labels should come from a bounded set (the CRI
     method names), not from arbitrary client input.
+
+    The call counter and duration histogram are a collector over plain dicts and lists:
+    ``record`` runs on the event loop for every relayed call, and prometheus_client's
+    Counter and Histogram take a lock per increment (three per call). Only the event loop
+    writes; a scrape (the metrics server's thread) reads without locking: it copies each
+    container in one C-level call, which the GIL makes atomic, and reads ints and floats,
+    which are replaced whole. Entries are published before the list that names them, so
+    a scrape never sees a name without its series. A scrape racing a call may see its
+    bucket counted and not yet its sum (prometheus_client is no more atomic across the two).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         reg = REGISTRY if registry is None else registry
-        self.calls = Counter(
-            "runtimeproxy_cri_calls",
-            "CRI calls relayed, by method and gRPC status code name.",
-            ["method", "code"],
-            registry=reg,
-        )
-        self.duration = Histogram(
-            "runtimeproxy_cri_call_duration_seconds",
-            "Time from receiving a CRI call to sending its status, by method.",
-            ["method"],
-            buckets=DURATION_BUCKETS,
-            registry=reg,
-        )
+        self._series: dict[str, _MethodSeries] = {}
+        # (method, code) in the order each was first recorded: the counter's sample order.
+        self._code_order: list[tuple[str, int]] = []
+        reg.register(self)
         self.in_flight = Gauge(
             "runtimeproxy_cri_calls_in_flight", "CRI calls currently being relayed.", registry=reg
         )
@@ -66,23 +95,59 @@ class CallMetrics:
         )
         self.client_connections = self.connections.labels(side="client")
         self.backend_connections = self.connections.labels(side="backend")
-        # labels() hashes and locks on every call; caching the children makes record() two
-        # dict lookups plus the increments.
-        self._count_children: dict[tuple[str, int], Any] = {}
-        self._duration_children: dict[str, Any] = {}
 
     def record(self, method: str, code: int, seconds: float) -> None:
         """Count one finished call and observe its duration."""
-        counter = self._count_children.get((method, code))
-        if counter is None:
-            counter = self.calls.labels(method=method, code=code_name(code))
-            self._count_children[(method, code)] = counter
-        counter.inc()
-        hist = self._duration_children.get(method)
-        if hist is None:
-            hist = self.duration.labels(method=method)
-            self._duration_children[method] = hist
-        hist.observe(seconds)
+        series = self._series.get(method)
+        if series is None:
+            series = self._series[method] = _MethodSeries(time.time())
+        try:
+            series.codes[code] += 1
+        except KeyError:
+            self._first_of_code(method, series, code)
+        if seconds <= INF:  # NaN goes in no bucket (nor _count), as in Histogram.observe
+            series.buckets[bisect_left(_BOUNDS, seconds)] += 1
+        series.total += seconds
+
+    def _first_of_code(self, method: str, series: _MethodSeries, code: int) -> None:
+        series.code_created[code] = time.time()
+        series.codes[code] = 1
+        self._code_order.append((method, code))  # last: a scrape finds the series complete
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples: what the registry checks for duplicate names."""
+        yield CounterMetricFamily(CALLS_NAME, CALLS_HELP, labels=("method", "code"))
+        yield HistogramMetricFamily(DURATION_NAME, DURATION_HELP, labels=("method",))
+
+    def collect(self) -> Iterator[Metric]:
+        """Called from the scraping thread; see the class comment for why no lock is needed."""
+        order = list(self._code_order)  # before the series: each name in it has its series
+        series = dict(self._series)
+        # Whether Counter and Histogram export _created now (PROMETHEUS_DISABLE_CREATED_SERIES,
+        # disable_created_metrics()): prometheus_client keeps it in this module variable.
+        created = bool(getattr(prometheus_metrics, "_use_created", True))
+        calls = CounterMetricFamily(CALLS_NAME, CALLS_HELP, labels=("method", "code"))
+        for method, code in order:
+            one = series[method]
+            stamp = one.code_created[code] if created else None
+            calls.add_metric((method, code_name(code)), float(one.codes[code]), stamp)
+        yield calls
+        duration = HistogramMetricFamily(DURATION_NAME, DURATION_HELP, labels=("method",))
+        for method, one in series.items():
+            buckets, total = list(one.buckets), one.total
+            duration.add_metric((method,), list(zip(_BUCKET_LABELS, _cumulative(buckets), strict=True)), total)
+            if created:
+                duration.add_sample(DURATION_NAME + "_created", {"method": method}, one.created)
+        yield duration
+
+
+def _cumulative(counts: list[int]) -> list[float]:
+    """Running totals as floats, summed as Histogram sums its buckets."""
+    acc, out = 0.0, []
+    for count in counts:
+        acc += count
+        out.append(acc)
+    return out
 
 
 class StoreMetrics:

@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import math
 import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
+from unittest import mock
 
+import prometheus_client
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtimeproxy.metrics import (
@@ -108,6 +113,120 @@ def test_second_instance_in_same_registry_fails(registry: CollectorRegistry) -> 
     CallMetrics(registry)
     with pytest.raises(ValueError, match="Duplicated"):
         CallMetrics(registry)
+
+
+class ReferenceCallMetrics:
+    """The call metrics as prometheus_client's own Counter, Histogram and Gauges (the proxy's
+    implementation before its lock-free collector): what the exposition must stay equal to."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "runtimeproxy_cri_calls",
+            "CRI calls relayed, by method and gRPC status code name.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "runtimeproxy_cri_call_duration_seconds",
+            "Time from receiving a CRI call to sending its status, by method.",
+            ["method"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        Gauge("runtimeproxy_cri_calls_in_flight", "CRI calls currently being relayed.", registry=registry)
+        connections = Gauge(
+            "runtimeproxy_connections",
+            "Open connections: side=client (from kubelet and others) or backend (to the runtime).",
+            ["side"],
+            registry=registry,
+        )
+        connections.labels(side="client")
+        connections.labels(side="backend")
+
+    def record(self, method: str, code: int, seconds: float) -> None:
+        self.calls.labels(method=method, code=code_name(code)).inc()
+        self.duration.labels(method=method).observe(seconds)
+
+
+def expositions(calls: list[tuple[str, int, float]]) -> list[tuple[bytes, bytes]]:
+    """(ours, reference) in the Prometheus text format and in OpenMetrics, after ``calls``."""
+    ours_registry, reference_registry = CollectorRegistry(), CollectorRegistry()
+    with mock.patch("time.time", return_value=1_700_000_000.25):  # equal _created stamps
+        ours, reference = CallMetrics(ours_registry), ReferenceCallMetrics(reference_registry)
+        for call in calls:
+            ours.record(*call)
+            reference.record(*call)
+    return [
+        (generate(ours_registry), generate(reference_registry)) for generate in (generate_latest, generate_openmetrics)
+    ]
+
+
+_calls = st.lists(
+    st.tuples(
+        st.sampled_from(["/runtime.v1.RuntimeService/Version", "ListContainers", "RunPodSandbox", 'a"b\\c\n']),
+        st.sampled_from([0, 1, 2, 4, 8, 13, 14, 16, 17, -1, 1000]),
+        st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([*DURATION_BUCKETS, 0.0, -0.0]),
+    ),
+    max_size=40,
+)
+
+
+@given(calls=_calls)
+def test_exposition_equals_prometheus_counter_and_histogram(calls: list[tuple[str, int, float]]) -> None:
+    for ours, reference in expositions(calls):
+        assert ours == reference
+
+
+@pytest.mark.parametrize("created", [False, True])
+def test_created_series_follow_prometheus_switch(created: bool) -> None:
+    calls = [("Version", 0, 0.0003), ("ListContainers", 14, 2.0), ("Version", 2, 0.5)]
+    if not created:
+        prometheus_client.disable_created_metrics()
+    try:
+        for ours, reference in expositions(calls):
+            assert ours == reference
+            assert (b"_created" in ours) is created
+    finally:
+        prometheus_client.enable_created_metrics()
+
+
+def test_nan_duration_is_summed_but_in_no_bucket(registry: CollectorRegistry) -> None:
+    m = CallMetrics(registry)
+    m.record("Version", 0, math.nan)
+    got = samples(registry)
+    hist = "runtimeproxy_cri_call_duration_seconds"
+    assert got[key("runtimeproxy_cri_calls_total", method="Version", code="OK")] == 1
+    assert got[key(hist + "_count", method="Version")] == 0
+    assert math.isnan(got[key(hist + "_sum", method="Version")])
+
+
+def test_scrapes_from_another_thread_while_recording(registry: CollectorRegistry) -> None:
+    """The event loop records without locks while the metrics server's thread collects."""
+    m = CallMetrics(registry)
+    methods = [f"/svc/M{n}" for n in range(50)]
+    done = threading.Event()
+    failures: list[BaseException] = []
+    seen: list[float] = []
+
+    def scrape_until_done() -> None:
+        try:
+            while not done.is_set():
+                got = samples(registry)
+                seen.append(sum(v for (name, _), v in got.items() if name == "runtimeproxy_cri_calls_total"))
+        except BaseException as exc:  # reported to the test thread
+            failures.append(exc)
+
+    scraper = threading.Thread(target=scrape_until_done)
+    scraper.start()
+    try:
+        for n in range(20_000):
+            m.record(methods[n % len(methods)], n % 17, 0.001)
+    finally:
+        done.set()
+        scraper.join()
+    assert not failures
+    assert seen == sorted(seen)  # counts only grow, scrape after scrape
+    assert sum(v for (name, _), v in samples(registry).items() if name == "runtimeproxy_cri_calls_total") == 20_000
 
 
 @pytest.mark.parametrize(

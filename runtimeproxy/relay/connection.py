@@ -46,6 +46,13 @@ log = structlog.get_logger("runtimeproxy.relay")
 
 # (method, gRPC code, message, seconds, whether the interceptor saw the call and logs it)
 CallObserver = Callable[[MethodInfo, int, str, float, bool], None]
+# Handles one frame: (connection, the direction it travels, flags, stream id, read buffer, payload
+# start, payload end) -> None to forward the frame unchanged, else the bytes to send instead
+# (b"": drop it). Plain functions in per-direction tables: one call per frame, no bound
+# methods (which would tie each connection into a reference cycle).
+FrameHandler = Callable[["RelayConnection", "_Direction", int, int, bytes, int, int], "bytes | None"]
+# Takes a decoded header block: (connection, stream id, flags of its HEADERS frame, headers).
+BlockHandler = Callable[["RelayConnection", int, int, list[tuple[str, str]]], None]
 MAX_HEADER_LIST = 1 << 20
 _RST_CODES = {frames.REFUSED_STREAM: grpc_wire.UNAVAILABLE, frames.CANCEL: grpc_wire.CANCELLED}
 
@@ -136,12 +143,17 @@ class _Direction:
         "block_stream",
         "decoder",
         "feeding",
+        "handlers",
+        "on_block",
         "pending",
         "queue",
         "transport",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, handlers: dict[int, FrameHandler], on_block: BlockHandler) -> None:
+        # Frame types without a handler (PING, PRIORITY, GOAWAY, unknown) pass through untouched.
+        self.handlers = handlers
+        self.on_block = on_block
         self.transport: asyncio.Transport | None = None
         self.pending = b""
         self.decoder = CachingDecoder(max_header_list_size=MAX_HEADER_LIST)
@@ -204,8 +216,9 @@ class RelayConnection:
         self.options = options
         self.upstream_path = options.backends.runtime
         self.on_closed = on_closed
-        self.c2u = _Direction()  # client -> upstream; written to the upstream socket
-        self.u2c = _Direction()  # upstream -> client; written to the client socket
+        # client -> upstream, written to the upstream socket; upstream -> client likewise.
+        self.c2u = _Direction(_CLIENT_FRAMES, RelayConnection._client_headers)
+        self.u2c = _Direction(_UPSTREAM_FRAMES, RelayConnection._upstream_headers)
         self.client_transport: asyncio.Transport | None = None
         self.upstream_transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
@@ -219,6 +232,7 @@ class RelayConnection:
         self.closing = False
         self.route_service_is_image = False
         self.routed = False  # with two backends: whether the first call has chosen one
+        self.split_backends = options.backends.split
         self.own_settings_acks = 0  # client SETTINGS ACKs that answer the relay's own SETTINGS
         # Flow control towards the backend, for sending changed requests.
         self.up_conn_window = frames.DEFAULT_WINDOW
@@ -236,7 +250,7 @@ class RelayConnection:
     def side_made(self, is_client: bool, transport: asyncio.Transport) -> None:
         if is_client:
             self.client_transport = self.u2c.transport = transport
-            if not self.options.backends.split:
+            if not self.split_backends:
                 self._keep(asyncio.get_running_loop().create_task(self._connect_upstream()))
             else:
                 # Clients wait for the server's SETTINGS before their first call, and the
@@ -308,7 +322,7 @@ class RelayConnection:
     def client_data(self, data: bytes) -> None:
         if self.early is not None:
             self.early.append(data)
-            if self.options.backends.split and not self.routed:
+            if self.split_backends and not self.routed:
                 self._route_by_first_call()
             return
         if self.degraded is not None:
@@ -316,11 +330,11 @@ class RelayConnection:
             return
         if self.preface_left:
             data = self._pass_preface(data)
-        self._feed(self.c2u, data, self._client_frame)
+        self._feed(self.c2u, data)
         self._flush_credit()
 
     def upstream_data(self, data: bytes) -> None:
-        self._feed(self.u2c, data, self._upstream_frame)
+        self._feed(self.u2c, data)
         self._flush_credit()
 
     def _route_by_first_call(self) -> None:
@@ -340,12 +354,7 @@ class RelayConnection:
         self.preface_left -= take
         return data[take:]
 
-    @staticmethod
-    def _feed(
-        d: _Direction,
-        data: bytes,
-        handle: Callable[[int, int, int, bytes, int, int], bytes | None],
-    ) -> None:
+    def _feed(self, d: _Direction, data: bytes) -> None:
         """Split ``data`` into frames; forward runs of unchanged frames in one write each."""
         if d.pending:
             data = d.pending + data
@@ -353,23 +362,29 @@ class RelayConnection:
         size = len(data)
         pos = run_start = 0
         unpack = frames.FRAME_HEADER.unpack_from
+        handlers = d.handlers
+        header_len, stream_mask = frames.HEADER_LEN, frames.MAX_STREAM_ID
         d.feeding = True
-        while size - pos >= frames.HEADER_LEN:
+        while size - pos >= header_len:
             high, low, ftype, flags, stream_id = unpack(data, pos)
-            end = pos + frames.HEADER_LEN + ((high << 8) | low)
+            end = pos + header_len + ((high << 8) | low)
             if end > size:
                 break
-            replacement = handle(ftype, flags, stream_id & frames.MAX_STREAM_ID, data, pos + frames.HEADER_LEN, end)
-            if replacement is not None or (d.queue and d.block is None):
-                # Out of the fast path: write what came before, this frame's bytes, then
-                # whatever the relay queued while handling it.
-                if pos > run_start:
-                    d.write(data[run_start:pos])
-                d.write(data[pos:end] if replacement is None else replacement)
-                d.feeding = False
-                d.flush_queue()
-                d.feeding = True
-                run_start = end
+            handler = handlers.get(ftype)
+            # Only a handler queues frames or closes a header block, so a frame without one
+            # never leaves the fast path.
+            if handler is not None:
+                replacement = handler(self, d, flags, stream_id & stream_mask, data, pos + header_len, end)
+                if replacement is not None or (d.queue and d.block is None):
+                    # Out of the fast path: write what came before, this frame's bytes, then
+                    # whatever the relay queued while handling it.
+                    if pos > run_start:
+                        d.write(data[run_start:pos])
+                    d.write(data[pos:end] if replacement is None else replacement)
+                    d.feeding = False
+                    d.flush_queue()
+                    d.feeding = True
+                    run_start = end
             pos = end
         d.feeding = False
         if pos > run_start:
@@ -380,25 +395,25 @@ class RelayConnection:
 
     # -- client -> backend -----------------------------------------------------------------
 
-    def _client_frame(self, ftype: int, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
-        if ftype == frames.DATA:
-            return self._client_data_frame(flags, sid, data, start, end)
-        if ftype == frames.HEADERS or ftype == frames.CONTINUATION:
-            return self._header_fragment(self.c2u, ftype, flags, sid, data, start, end, self._client_headers)
-        if ftype == frames.RST_STREAM:
-            return self._client_reset(sid)
-        if ftype == frames.SETTINGS and flags & frames.FLAG_ACK and self.own_settings_acks:
-            self.own_settings_acks -= 1
-            return b""
-        if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
-            table = frames.parse_settings(data[start:end]).get(frames.SETTINGS_HEADER_TABLE_SIZE)
-            if table is not None:
-                self.u2c.decoder.max_allowed_table_size = table
-        elif ftype == frames.WINDOW_UPDATE and sid in self.ended_by_relay:
-            return b""
+    def _client_settings(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        if flags & frames.FLAG_ACK:
+            if self.own_settings_acks:  # answers the relay's own SETTINGS: not the backend's business
+                self.own_settings_acks -= 1
+                return b""
+            return None
+        table = frames.parse_settings(data[start:end]).get(frames.SETTINGS_HEADER_TABLE_SIZE)
+        if table is not None:
+            self.u2c.decoder.max_allowed_table_size = table
         return None
 
-    def _client_data_frame(self, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+    def _client_window_update(
+        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
+    ) -> bytes | None:
+        return b"" if sid in self.ended_by_relay else None
+
+    def _client_data_frame(
+        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
+    ) -> bytes | None:
         length = end - start
         stream = self.streams.get(sid)
         if stream is None:
@@ -409,8 +424,10 @@ class RelayConnection:
             return None
         if stream.held_request is not None:
             return self._hold_request(stream, flags, data, start, end)
-        lo, hi = frames.data_payload_length(flags, data[start:end])
-        too_big = stream.request_sizer.feed(data, start + lo, start + hi)
+        lo, hi = start, end
+        if flags & frames.FLAG_PADDED:
+            lo, hi = frames.data_bounds(flags, data, start, end)
+        too_big = stream.request_sizer.feed(data, lo, hi)
         if too_big is not None:
             self.client_credit += length
             self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
@@ -431,15 +448,11 @@ class RelayConnection:
 
     def _open_stream(self, sid: int, headers: list[tuple[str, str]]) -> Stream:
         self.last_client_stream = sid
-        path = timeout = ""
-        for name, value in headers:
-            if name == ":path":
-                path = value
-            elif name == "grpc-timeout":
-                timeout = value
-        method = self.options.methods.lookup(path)
+        fields = dict(headers)  # a repeated field: the last one counts
+        method = self.options.methods.lookup(fields.get(":path", ""))
         call = None
         if self.options.intercepts(method):
+            timeout = fields.get("grpc-timeout")
             seconds = grpc_wire.parse_timeout(timeout) if timeout else None
             deadline = None if seconds is None else asyncio.get_running_loop().time() + seconds
             metadata = [(k, v) for k, v in headers if not k.startswith(":")]
@@ -447,7 +460,7 @@ class RelayConnection:
         stream = Stream(sid, method, time.perf_counter(), self.options.max_message_size, call)
         stream.up_window = self.up_initial_window
         self.streams[sid] = stream
-        if self.options.backends.split and self._misrouted(method):
+        if self.split_backends and self._misrouted(method):
             self._end_by_relay(stream, grpc_wire.UNIMPLEMENTED, self._misroute_reason(method))
         return stream
 
@@ -462,7 +475,7 @@ class RelayConnection:
             "connections for the runtime and image services"
         )
 
-    def _client_reset(self, sid: int) -> bytes | None:
+    def _client_reset(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
         stream = self.streams.get(sid)
         if stream is not None:
             if stream.before_task is not None:
@@ -481,14 +494,14 @@ class RelayConnection:
             # never saw, so the call ends here.
             self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, "DATA after the end of the request")
             return b""
-        lo, hi = frames.data_payload_length(flags, data[start:end])
-        too_big = stream.request_sizer.feed(data, start + lo, start + hi)
+        lo, hi = frames.data_bounds(flags, data, start, end)
+        too_big = stream.request_sizer.feed(data, lo, hi)
         if too_big is not None:
             self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
             return b""
         if not self._hold(stream, hi - lo):
             return b""
-        stream.held_request += data[start + lo : start + hi]
+        stream.held_request += data[lo:hi]
         if flags & frames.FLAG_END_STREAM:
             self._start_before(stream)
         elif length:
@@ -571,32 +584,34 @@ class RelayConnection:
 
     # -- backend -> client -----------------------------------------------------------------
 
-    def _upstream_frame(self, ftype: int, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
-        if ftype == frames.DATA:
-            return self._upstream_data_frame(flags, sid, data, start, end)
-        if ftype == frames.HEADERS or ftype == frames.CONTINUATION:
-            return self._header_fragment(self.u2c, ftype, flags, sid, data, start, end, self._upstream_headers)
-        if ftype == frames.WINDOW_UPDATE:
-            return self._upstream_window_update(sid, data, start)
-        if ftype == frames.RST_STREAM:
-            stream = self.streams.get(sid)
-            if stream is not None:
-                code = _RST_CODES.get(int.from_bytes(data[start:end], "big"), grpc_wire.INTERNAL)
-                self._finish(stream, code, "reset by the runtime")
-            return b"" if sid in self.ended_by_relay else None
-        if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
+    def _upstream_reset(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        stream = self.streams.get(sid)
+        if stream is not None:
+            code = _RST_CODES.get(int.from_bytes(data[start:end], "big"), grpc_wire.INTERNAL)
+            self._finish(stream, code, "reset by the runtime")
+        return b"" if sid in self.ended_by_relay else None
+
+    def _upstream_settings_frame(
+        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
+    ) -> bytes | None:
+        if not flags & frames.FLAG_ACK:
             self._upstream_settings(frames.parse_settings(data[start:end]))
         return None
 
-    def _upstream_data_frame(self, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+    def _upstream_data_frame(
+        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
+    ) -> bytes | None:
         stream = self.streams.get(sid)
         if stream is None:
             if sid in self.ended_by_relay:
                 self.upstream_credit += end - start
                 return b""
             return None
-        lo, hi = frames.data_payload_length(flags, data[start:end])
-        too_big = stream.response_sizer.feed(data, start + lo, start + hi)
+        lo, hi = start, end
+        if flags & frames.FLAG_PADDED:
+            lo, hi = frames.data_bounds(flags, data, start, end)
+        # Offsets into the read buffer: a large response is never copied to be checked.
+        too_big = stream.response_sizer.feed(data, lo, hi)
         if too_big is not None:
             self.upstream_credit += end - start
             trailers_only = not stream.response_headers_seen
@@ -604,7 +619,7 @@ class RelayConnection:
             self._end_stream(stream, grpc_wire.RESOURCE_EXHAUSTED, message)
             return status_frame(sid, grpc_wire.RESOURCE_EXHAUSTED, message, trailers_only)
         if stream.response_body is not None:
-            stream.response_body += data[start + lo : start + hi]
+            stream.response_body += data[lo:hi]
         return None
 
     def _upstream_headers(self, sid: int, flags: int, headers: list[tuple[str, str]]) -> None:
@@ -614,15 +629,17 @@ class RelayConnection:
         if not flags & frames.FLAG_END_STREAM:
             stream.response_headers_seen = True
             return
-        code, message = grpc_wire.UNKNOWN, ""
-        for name, value in headers:
-            if name == "grpc-status":
-                code = grpc_wire.parse_status(value)
-            elif name == "grpc-message":
-                message = grpc_wire.decode_grpc_message(value)
+        fields = dict(headers)  # a repeated field: the last one counts
+        status = fields.get("grpc-status")
+        code = grpc_wire.UNKNOWN if status is None else grpc_wire.parse_status(status)
+        message = fields.get("grpc-message", "")
+        if "%" in message:  # only percent-encoding changes in decoding (most messages are empty)
+            message = grpc_wire.decode_grpc_message(message)
         self._finish(stream, code, message)
 
-    def _upstream_window_update(self, sid: int, data: bytes, start: int) -> bytes | None:
+    def _upstream_window_update(
+        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
+    ) -> bytes | None:
         increment = int.from_bytes(data[start : start + 4], "big") & frames.MAX_WINDOW_INCREMENT
         if sid == 0:
             self.up_conn_window += increment
@@ -675,33 +692,27 @@ class RelayConnection:
 
     # -- header blocks -----------------------------------------------------------------------
 
-    def _header_fragment(
-        self,
-        d: _Direction,
-        ftype: int,
-        flags: int,
-        sid: int,
-        data: bytes,
-        start: int,
-        end: int,
-        on_block: Callable[[int, int, list[tuple[str, str]]], None],
+    def _headers_frame(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        """Start a header block; decode it once complete. Header frames are always forwarded."""
+        if flags & (frames.FLAG_PADDED | frames.FLAG_PRIORITY):
+            fragment = bytes(frames.header_block_fragment(flags, data[start:end]))
+        else:
+            fragment = data[start:end]
+        if flags & frames.FLAG_END_HEADERS:
+            d.on_block(self, sid, flags, self._decode(d, fragment))
+        else:
+            d.block, d.block_stream, d.block_flags = [fragment], sid, flags
+        return None
+
+    def _continuation_frame(
+        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
     ) -> bytes | None:
-        """Collect a header block; decode it once complete. The frames are always forwarded."""
-        payload = data[start:end]
-        if ftype == frames.HEADERS:
-            fragment = frames.header_block_fragment(flags, payload)
-            if flags & frames.FLAG_END_HEADERS:
-                on_block(sid, flags, self._decode(d, bytes(fragment)))
-                return None
-            d.block, d.block_stream, d.block_flags = [bytes(fragment)], sid, flags
-            return None
         if d.block is None:
             return None  # a stray CONTINUATION: the receiver will reject it
-        d.block.append(bytes(payload))
-        if not flags & frames.FLAG_END_HEADERS:
-            return None
-        block, d.block = b"".join(d.block), None
-        on_block(d.block_stream, d.block_flags, self._decode(d, block))
+        d.block.append(data[start:end])
+        if flags & frames.FLAG_END_HEADERS:
+            block, d.block = b"".join(d.block), None
+            d.on_block(self, d.block_stream, d.block_flags, self._decode(d, block))
         return None
 
     def _decode(self, d: _Direction, block: bytes) -> list[tuple[str, str]]:
@@ -762,6 +773,24 @@ class RelayConnection:
     @property
     def active_calls(self) -> int:
         return len(self.streams)
+
+
+_CLIENT_FRAMES: dict[int, FrameHandler] = {
+    frames.DATA: RelayConnection._client_data_frame,
+    frames.HEADERS: RelayConnection._headers_frame,
+    frames.CONTINUATION: RelayConnection._continuation_frame,
+    frames.RST_STREAM: RelayConnection._client_reset,
+    frames.SETTINGS: RelayConnection._client_settings,
+    frames.WINDOW_UPDATE: RelayConnection._client_window_update,
+}
+_UPSTREAM_FRAMES: dict[int, FrameHandler] = {
+    frames.DATA: RelayConnection._upstream_data_frame,
+    frames.HEADERS: RelayConnection._headers_frame,
+    frames.CONTINUATION: RelayConnection._continuation_frame,
+    frames.RST_STREAM: RelayConnection._upstream_reset,
+    frames.SETTINGS: RelayConnection._upstream_settings_frame,
+    frames.WINDOW_UPDATE: RelayConnection._upstream_window_update,
+}
 
 
 def first_call_path(data: bytes) -> str | None:

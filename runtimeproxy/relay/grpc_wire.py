@@ -163,23 +163,32 @@ class MessageSizer:
 
     def feed(self, data: bytes | memoryview, start: int, end: int) -> int | None:
         """Account for ``data[start:end]``; return the length of a message over the limit."""
-        pos = start
+        pos, left = start, self._body_left
         while pos < end:
-            if self._body_left:
-                step = min(self._body_left, end - pos)
-                self._body_left -= step
-                pos += step
-                continue
-            take = min(PREFIX_LEN - len(self._prefix), end - pos)
-            self._prefix += bytes(data[pos : pos + take])
-            pos += take
-            if len(self._prefix) < PREFIX_LEN:
-                return None
-            length = int.from_bytes(self._prefix[1:], "big")
-            self._prefix = b""
+            if left:
+                if left >= end - pos:  # the rest of the chunk is message body
+                    self._body_left = left - (end - pos)
+                    return None
+                pos += left
+                left = 0
+            if self._prefix or end - pos < PREFIX_LEN:
+                # A prefix split across chunks: collect it piece by piece.
+                take = min(PREFIX_LEN - len(self._prefix), end - pos)
+                self._prefix += bytes(data[pos : pos + take])
+                pos += take
+                if len(self._prefix) < PREFIX_LEN:
+                    self._body_left = 0
+                    return None
+                length = int.from_bytes(self._prefix[1:], "big")
+                self._prefix = b""
+            else:  # the common case, a whole prefix in the chunk: read in place
+                length = MESSAGE_PREFIX.unpack_from(data, pos)[1]
+                pos += PREFIX_LEN
             if length > self.limit:
+                self._body_left = 0
                 return length
-            self._body_left = length
+            left = length
+        self._body_left = left
         return None
 
 
