@@ -68,6 +68,12 @@ class Calls:
             self.running -= 1
 
 
+async def hang(request: bytes, info: CallInfo) -> bytes:
+    """A handler that answers only when cancelled (never, in these tests)."""
+    await asyncio.sleep(60)
+    return b""
+
+
 @contextlib.asynccontextmanager
 async def serving(limit: int = LIMIT) -> AsyncIterator[tuple[H2Server, Calls, str]]:
     calls = Calls()
@@ -325,10 +331,6 @@ async def test_a_handler_raising_answers_unknown_and_is_logged() -> None:
 async def test_the_deadline_cancels_the_handler_and_answers_deadline_exceeded() -> None:
     """grpc-timeout as the server sees it: a raw client that never resets its stream."""
 
-    async def hang(request: bytes, info: CallInfo) -> bytes:
-        await asyncio.sleep(60)
-        return b""
-
     async with serving() as (_, calls, path):
         calls.behaviour = hang
         raw = await RawClient.open(path)
@@ -347,10 +349,6 @@ async def test_the_deadline_cancels_the_handler_and_answers_deadline_exceeded() 
 
 @both_loops
 async def test_a_client_cancel_cancels_the_handler() -> None:
-    async def hang(request: bytes, info: CallInfo) -> bytes:
-        await asyncio.sleep(60)
-        return b""
-
     async with serving() as (_, calls, path), channel(path) as ours:
         calls.behaviour = hang
         task = asyncio.ensure_future(ours.unary(METHOD, b"", 30))
@@ -425,10 +423,6 @@ async def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
 
 @both_loops
 async def test_stop_cancels_calls_past_the_grace() -> None:
-    async def hang(request: bytes, info: CallInfo) -> bytes:
-        await asyncio.sleep(60)
-        return b""
-
     async with serving() as (server, calls, path), channel(path) as ours:
         calls.behaviour = hang
         in_flight = asyncio.ensure_future(ours.unary(METHOD, b"", 30))
