@@ -402,9 +402,9 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA on stream 0")
         if flags & frames.FLAG_PADDED and not payload:
             raise ProtocolViolation(FRAME_SIZE_ERROR, "padded DATA without its pad length")
-        start, end = frames.data_payload_length(flags, payload)
-        if start > end:
+        if flags & frames.FLAG_PADDED and payload[0] >= len(payload):
             raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA padding longer than the frame")
+        start, end = frames.data_bounds(flags, payload, 0, len(payload))
         self._on_data(stream_id, payload[start:end], bool(flags & frames.FLAG_END_STREAM), len(payload))
 
     def _header_fragment(self, ftype: int, flags: int, stream_id: int, payload: bytes) -> None:

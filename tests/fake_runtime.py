@@ -631,7 +631,7 @@ class RawH2Client:
             self.responses[sid].reset = int.from_bytes(payload, "big")
             self.responses[sid].done.set()
         elif ftype == frames.DATA and sid in self.responses:
-            lo, hi = frames.data_payload_length(flags, payload)
+            lo, hi = frames.data_bounds(flags, payload, 0, len(payload))
             self.responses[sid].data += payload[lo:hi]
             if payload:
                 self.write(frames.window_update(0, len(payload)) + frames.window_update(sid, len(payload)))
@@ -721,7 +721,7 @@ class RawH2Server:
                         self.requests.setdefault(block_stream, bytearray())
                         ended, sid = bool(block_flags & frames.FLAG_END_STREAM), block_stream
                 elif ftype == frames.DATA:
-                    lo, hi = frames.data_payload_length(flags, payload)
+                    lo, hi = frames.data_bounds(flags, payload, 0, len(payload))
                     self.requests.setdefault(sid, bytearray()).extend(payload[lo:hi])
                     self.data_received += len(payload)
                     if payload:

@@ -116,18 +116,10 @@ def header_block_fragment(flags: int, payload: bytes | memoryview) -> bytes | me
     return payload[start:end]
 
 
-def data_payload_length(flags: int, payload: bytes | memoryview) -> tuple[int, int]:
-    """(start, end) of the application data inside a DATA payload, padding removed."""
-    if flags & FLAG_PADDED:
-        return 1, len(payload) - payload[0]
-    return 0, len(payload)
-
-
 def data_bounds(flags: int, data: bytes | memoryview, start: int, end: int) -> tuple[int, int]:
-    """(start, end) of the application data of the DATA payload ``data[start:end]``, in place.
-
-    data_payload_length's answer offset by ``start``, without copying the payload out of the
-    read buffer (a large response's DATA frame is most of what the relay reads). A PADDED frame
+    """(start, end) of the application data of the DATA payload ``data[start:end]``: padding
+    removed, found in place, without copying the payload out of the read buffer (a large
+    response's DATA frame is most of what the relay reads). A PADDED frame
     with no pad length, or padding as long as its payload or longer, carries no data: (end,
     end). The relay forwards such a frame unchanged and its receiver refuses it as a connection
     error (RFC 9113 section 6.1); the relay itself must not fail on it.

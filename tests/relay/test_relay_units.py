@@ -336,11 +336,11 @@ def test_header_block_fragment_strips_padding_and_priority(
 
 
 @given(body=st.binary(max_size=3000), pad=st.none() | st.integers(0, 255))
-def test_data_payload_length(body: bytes, pad: int | None) -> None:
+def test_data_bounds_remove_the_padding(body: bytes, pad: int | None) -> None:
     flags, payload = 0, body
     if pad is not None:
         flags, payload = frames.FLAG_PADDED, bytes([pad]) + body + b"\x00" * pad
-    lo, hi = frames.data_payload_length(flags, payload)
+    lo, hi = frames.data_bounds(flags, payload, 0, len(payload))
     assert payload[lo:hi] == body
 
 
