@@ -74,6 +74,15 @@ async def hang(request: bytes, info: CallInfo) -> bytes:
     return b""
 
 
+async def hanging_call(calls: Calls, ours: H2Channel) -> asyncio.Future[bytes]:
+    """A call from ``ours`` whose handler hangs, once that handler runs."""
+    calls.behaviour = hang
+    call = asyncio.ensure_future(ours.unary(METHOD, b"", 30))
+    while not calls.running:
+        await asyncio.sleep(0.01)
+    return call
+
+
 @contextlib.asynccontextmanager
 async def serving(limit: int = LIMIT) -> AsyncIterator[tuple[H2Server, Calls, str]]:
     calls = Calls()
@@ -350,10 +359,7 @@ async def test_the_deadline_cancels_the_handler_and_answers_deadline_exceeded() 
 @both_loops
 async def test_a_client_cancel_cancels_the_handler() -> None:
     async with serving() as (_, calls, path), channel(path) as ours:
-        calls.behaviour = hang
-        task = asyncio.ensure_future(ours.unary(METHOD, b"", 30))
-        while not calls.running:
-            await asyncio.sleep(0.01)
+        task = await hanging_call(calls, ours)
         task.cancel()
         await asyncio.wait_for(calls.cancelled.wait(), 5)  # our RST_STREAM CANCEL reached it
         calls.cancelled.clear()
@@ -424,10 +430,7 @@ async def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
 @both_loops
 async def test_stop_cancels_calls_past_the_grace() -> None:
     async with serving() as (server, calls, path), channel(path) as ours:
-        calls.behaviour = hang
-        in_flight = asyncio.ensure_future(ours.unary(METHOD, b"", 30))
-        while not calls.running:
-            await asyncio.sleep(0.01)
+        in_flight = await hanging_call(calls, ours)
         await server.stop(0.1)
         assert calls.cancelled.is_set()
         assert (await our_status(in_flight))[0] == StatusCode.UNAVAILABLE
