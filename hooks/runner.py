@@ -460,9 +460,9 @@ class PluginRunner:
         if handler.never_suspends:
             return _run_to_end(awaitable)
         try:
-            # A task of its own even for a handler that never suspends: asyncio.timeout() and
-            # anything else keyed on the current task must find the handler's, not the hook call's.
-            task = asyncio.ensure_future(awaitable, loop=asyncio.get_running_loop())
+            # A handler that can suspend runs as a task of its own: asyncio.timeout() and anything
+            # else keyed on the current task must find the handler's, not the hook call's.
+            task = asyncio.ensure_future(awaitable)
         except Exception as exc:  # not awaitable
             return "error", _reason(exc), None
         # asyncio.wait, not wait_for: a handler that swallows its cancellation must not hold up the call.

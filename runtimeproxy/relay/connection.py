@@ -424,9 +424,7 @@ class RelayConnection:
             return None
         if stream.held_request is not None:
             return self._hold_request(stream, flags, data, start, end)
-        lo, hi = start, end
-        if flags & frames.FLAG_PADDED:
-            lo, hi = frames.data_bounds(flags, data, start, end)
+        lo, hi = frames.data_bounds(flags, data, start, end)
         too_big = stream.request_sizer.feed(data, lo, hi)
         if too_big is not None:
             self.client_credit += length
@@ -607,9 +605,7 @@ class RelayConnection:
                 self.upstream_credit += end - start
                 return b""
             return None
-        lo, hi = start, end
-        if flags & frames.FLAG_PADDED:
-            lo, hi = frames.data_bounds(flags, data, start, end)
+        lo, hi = frames.data_bounds(flags, data, start, end)
         # Offsets into the read buffer: a large response is never copied to be checked.
         too_big = stream.response_sizer.feed(data, lo, hi)
         if too_big is not None:
@@ -632,10 +628,7 @@ class RelayConnection:
         fields = dict(headers)  # a repeated field: the last one counts
         status = fields.get("grpc-status")
         code = grpc_wire.UNKNOWN if status is None else grpc_wire.parse_status(status)
-        message = fields.get("grpc-message", "")
-        if "%" in message:  # only percent-encoding changes in decoding (most messages are empty)
-            message = grpc_wire.decode_grpc_message(message)
-        self._finish(stream, code, message)
+        self._finish(stream, code, grpc_wire.decode_grpc_message(fields.get("grpc-message", "")))
 
     def _upstream_window_update(
         self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
