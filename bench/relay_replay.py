@@ -9,7 +9,10 @@
 relay got from either side, in order, to FILE. `replay` feeds those reads to a RelayConnection
 between two in-memory transports (no sockets, no event-loop turns: the relay's frame handling,
 header decoding and metrics only) and prints digests of what it wrote, so two versions of the
-code can be checked to write the same bytes. `callgrind` runs the replay under valgrind twice,
+code can be checked to write the same bytes. The digests leave PING frames out: the relay answers
+PINGs itself since session 17 (before, it forwarded them and their ACKs), so a recording made
+with either version replays to the same digests only without them; the PING frames written are
+counted apart. `callgrind` runs the replay under valgrind twice,
 with every read and with none, and prints the difference per relayed call: instructions do not
 depend on what else the machine is doing, unlike the CPU times of bench/relay_bench.py.
 """
@@ -35,6 +38,7 @@ from prometheus_client import CollectorRegistry
 from relay_bench import CLIENT_SCRIPT, fill, require_root  # bench/ is on sys.path when run as a script
 
 from runtimeproxy.metrics import CallMetrics
+from runtimeproxy.relay import frames
 from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions
 from runtimeproxy.relay.interceptor import PassThrough
 from runtimeproxy.relay.methods import MethodInfo, MethodTable
@@ -108,17 +112,46 @@ def load(path: Path) -> Events:
 
 
 class Sink:
-    """An asyncio transport stand-in: hashes what the relay writes to it."""
+    """An asyncio transport stand-in: hashes what the relay writes to it, PING frames left out."""
 
-    def __init__(self, digest: bool) -> None:
+    def __init__(self, digest: bool, preface: bool = False) -> None:
         self.digest = hashlib.sha256() if digest else None
-        self.size = self.writes = 0
+        self.size = self.writes = self.pings = 0
+        self.skip = len(frames.PREFACE) if preface else 0  # not a frame: hashed as it is
+        self.unparsed = bytearray()
 
     def write(self, data: bytes | memoryview) -> None:
         if self.digest is not None:  # off under callgrind: hashing would swamp the count
-            self.digest.update(data)
+            self.unparsed += data
+            self._hash_frames()
         self.size += len(data)
         self.writes += 1
+
+    def writelines(self, pieces: list[bytes | memoryview]) -> None:
+        """One call, one syscall (a writev on uvloop): counted as one write."""
+        for piece in pieces:
+            self.write(piece)
+        self.writes -= len(pieces) - 1
+
+    def _hash_frames(self) -> None:
+        assert self.digest is not None
+        buf, pos = self.unparsed, self.skip
+        if pos:
+            if len(buf) < pos:
+                return
+            self.digest.update(buf[:pos])
+            self.skip = 0
+        while len(buf) - pos >= frames.HEADER_LEN:
+            high, low, ftype, _flags, _sid = frames.FRAME_HEADER.unpack_from(buf, pos)
+            end = pos + frames.HEADER_LEN + ((high << 8) | low)
+            if end > len(buf):
+                break
+            if ftype == frames.PING:
+                self.pings += 1
+            else:
+                self.digest.update(buf[pos:end])
+            pos = end
+        del buf[:pos]
 
     def is_closing(self) -> bool:
         return False
@@ -128,7 +161,7 @@ class Sink:
 
     def __str__(self) -> str:
         digest = self.digest.hexdigest()[:16] if self.digest is not None else "-"
-        return f"{self.size} bytes in {self.writes} writes, sha256 {digest}"
+        return f"{self.size} bytes in {self.writes} writes, {self.pings} PINGs, sha256 without PINGs {digest}"
 
 
 def replay(events: Events, digest: bool) -> dict[str, Any]:
@@ -142,7 +175,7 @@ def replay(events: Events, digest: bool) -> dict[str, Any]:
 
     options = RelayOptions(Backends("/unused"), MethodTable(), PassThrough(), observe, 16 << 20)
     conn = RelayConnection(options, lambda _conn: None)
-    to_client, to_backend = Sink(digest), Sink(digest)
+    to_client, to_backend = Sink(digest), Sink(digest, preface=True)
     conn.side_made(False, to_backend)  # type: ignore[arg-type]
     conn.client_transport = conn.u2c.transport = to_client  # type: ignore[assignment]
     conn.early = None  # as once the backend connection is made

@@ -4,13 +4,19 @@ Design (see README, "Data path"): every client connection gets its own backend
 connection, and the bytes of both are forwarded unchanged, so the two peers negotiate
 settings, flow control and the HPACK tables directly with each other. The relay parses
 only frame headers, decodes header blocks (to learn each call's method and status and to
-follow the HPACK state), and steps in for just four things:
+follow the HPACK state), and steps in for just five things:
 
 * calls an interceptor claims: the request DATA is held, passed to the interceptor and
   sent on as changed; the response is copied for ``after``;
 * a message over the size limit: the call is ended with RESOURCE_EXHAUSTED;
 * flow-control credit for bytes it dropped or rewrote, so neither peer's window leaks;
+* PING, which is hop by hop (RFC 9113 section 6.7): the relay answers every PING from either
+  side itself and forwards neither PINGs nor their ACKs (it sends no PING of its own), so
+  containerd's BDP pings after each request cost no round trip through the client;
 * connection ends and graceful shutdown (GOAWAY).
+
+Everything bound for one peer while a read is being handled (relayed frames and the relay's
+own, in order) goes out in one write at the end of that read: one syscall per peer per read.
 
 Frames the relay writes itself use only HPACK literals without indexing (never touching
 the shared tables). A header block is always forwarded, even for a call the relay ended,
@@ -145,13 +151,14 @@ class _Direction:
         "feeding",
         "handlers",
         "on_block",
+        "out",
         "pending",
         "queue",
         "transport",
     )
 
     def __init__(self, handlers: dict[int, FrameHandler], on_block: BlockHandler) -> None:
-        # Frame types without a handler (PING, PRIORITY, GOAWAY, unknown) pass through untouched.
+        # Frame types without a handler (PRIORITY, GOAWAY, unknown) pass through untouched.
         self.handlers = handlers
         self.on_block = on_block
         self.transport: asyncio.Transport | None = None
@@ -165,10 +172,25 @@ class _Direction:
         # or while its bytes are being read (they go out after the frame being handled).
         self.queue: list[bytes] = []
         self.feeding = False
+        # While the connection handles a read: what goes to this receiver, written once at the
+        # end (see RelayConnection.client_data). None: write at once.
+        self.out: list[bytes | memoryview] | None = None
 
     def write(self, data: bytes | memoryview) -> None:
-        if self.transport is not None:
+        if self.out is not None:
+            self.out.append(data)
+        elif self.transport is not None:
             self.transport.write(data)
+
+    def write_out(self) -> None:
+        """End collecting: everything collected during the read in one call, so one syscall
+        (uvloop sends several pieces with one writev, without joining them)."""
+        out, self.out = self.out, None
+        if out and self.transport is not None:
+            if len(out) == 1:
+                self.transport.write(out[0])
+            else:
+                self.transport.writelines(out)
 
     def inject(self, data: bytes) -> None:
         """Write a frame of the relay's own, in order with the frames already relayed."""
@@ -328,14 +350,29 @@ class RelayConnection:
         if self.degraded is not None:
             self.degraded.feed(data)
             return
-        if self.preface_left:
-            data = self._pass_preface(data)
-        self._feed(self.c2u, data)
-        self._flush_credit()
+        # Each read is one pass: every write of it, both ways, is collected and goes out at the
+        # end, one syscall (and one wake-up of the peer) per peer instead of one per run of
+        # frames, injected frame and credit update. Inline, not a helper: this runs per read.
+        c2u, u2c = self.c2u, self.u2c
+        c2u.out, u2c.out = [], []
+        try:
+            if self.preface_left:
+                data = self._pass_preface(data)
+            self._feed(c2u, data)
+            self._flush_credit()
+        finally:
+            c2u.write_out()
+            u2c.write_out()
 
     def upstream_data(self, data: bytes) -> None:
-        self._feed(self.u2c, data)
-        self._flush_credit()
+        c2u, u2c = self.c2u, self.u2c  # one pass, as in client_data
+        c2u.out, u2c.out = [], []
+        try:
+            self._feed(u2c, data)
+            self._flush_credit()
+        finally:
+            c2u.write_out()
+            u2c.write_out()
 
     def _route_by_first_call(self) -> None:
         assert self.early is not None
@@ -377,10 +414,14 @@ class RelayConnection:
                 replacement = handler(self, d, flags, stream_id & stream_mask, data, pos + header_len, end)
                 if replacement is not None or (d.queue and d.block is None):
                     # Out of the fast path: write what came before, this frame's bytes, then
-                    # whatever the relay queued while handling it.
+                    # whatever the relay queued while handling it. Views, not copies: the
+                    # pass writes them all at once.
                     if pos > run_start:
-                        d.write(data[run_start:pos])
-                    d.write(data[pos:end] if replacement is None else replacement)
+                        d.write(memoryview(data)[run_start:pos])
+                    if replacement is None:
+                        d.write(memoryview(data)[pos:end])
+                    elif replacement:
+                        d.write(replacement)
                     d.feeding = False
                     d.flush_queue()
                     d.feeding = True
@@ -388,7 +429,7 @@ class RelayConnection:
             pos = end
         d.feeding = False
         if pos > run_start:
-            d.write(data if run_start == 0 and pos == size else data[run_start:pos])
+            d.write(data if run_start == 0 and pos == size else memoryview(data)[run_start:pos])
         d.flush_queue()
         if pos < size:
             d.pending = data[pos:]
@@ -405,6 +446,20 @@ class RelayConnection:
         if table is not None:
             self.u2c.decoder.max_allowed_table_size = table
         return None
+
+    def _ping_frame(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        """Answer a PING to the peer that sent it, and drop it and every PING ACK (either way).
+
+        The relay sends no PING of its own, so every ACK answers a PING it answered already.
+        A malformed PING is forwarded as before: its receiver ends the connection with a
+        connection error (FRAME_SIZE_ERROR or PROTOCOL_ERROR, RFC 9113 section 6.7).
+        """
+        if end - start != 8 or sid:
+            log.warning("malformed PING forwarded; its receiver ends the connection", length=end - start, stream=sid)
+            return None
+        if not flags & frames.FLAG_ACK:
+            (self.u2c if d is self.c2u else self.c2u).inject(frames.ping_ack(data[start:end]))
+        return b""
 
     def _client_window_update(
         self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
@@ -775,6 +830,7 @@ _CLIENT_FRAMES: dict[int, FrameHandler] = {
     frames.RST_STREAM: RelayConnection._client_reset,
     frames.SETTINGS: RelayConnection._client_settings,
     frames.WINDOW_UPDATE: RelayConnection._client_window_update,
+    frames.PING: RelayConnection._ping_frame,
 }
 _UPSTREAM_FRAMES: dict[int, FrameHandler] = {
     frames.DATA: RelayConnection._upstream_data_frame,
@@ -783,6 +839,7 @@ _UPSTREAM_FRAMES: dict[int, FrameHandler] = {
     frames.RST_STREAM: RelayConnection._upstream_reset,
     frames.SETTINGS: RelayConnection._upstream_settings_frame,
     frames.WINDOW_UPDATE: RelayConnection._upstream_window_update,
+    frames.PING: RelayConnection._ping_frame,
 }
 
 
@@ -867,7 +924,7 @@ class _BackendDown:
         if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
             out.write(frames.settings_ack())
         elif ftype == frames.PING and not flags & frames.FLAG_ACK:
-            out.write(frames.frame(frames.PING, frames.FLAG_ACK, 0, payload))
+            out.write(frames.ping_ack(payload))
         elif ftype == frames.HEADERS and sid > self.conn.last_client_stream:
             self.conn.last_client_stream = sid
             self.answered.append(sid)

@@ -1,7 +1,8 @@
 """HTTP/2 frame layout (RFC 9113 section 4) and builders for the few frames the relay writes itself.
 
 The relay forwards almost every frame byte for byte; it only builds frames of its own to
-answer a call it ended (an error), to give flow-control credit back, and to shut down.
+answer a call it ended (an error), to give flow-control credit back, to answer PINGs, and to
+shut down.
 """
 
 from __future__ import annotations
@@ -84,6 +85,11 @@ def settings(values: dict[int, int] | None = None) -> bytes:
 
 def settings_ack() -> bytes:
     return frame(SETTINGS, FLAG_ACK, 0)
+
+
+def ping_ack(payload: bytes | memoryview) -> bytes:
+    """The answer to a PING: the same opaque data, with ACK (RFC 9113 section 6.7)."""
+    return frame(PING, FLAG_ACK, 0, bytes(payload))
 
 
 def parse_settings(payload: bytes | memoryview) -> dict[int, int]:

@@ -1,9 +1,10 @@
 """The relay's frame loop on its own: one RelayConnection between two in-memory transports.
 
 Calls with header blocks split into CONTINUATIONs, padding and priority fields, responses in
-several (padded) DATA frames, frames the relay has no handler for (PING, PRIORITY, an unknown
-extension type), every byte stream cut into arbitrary reads: with no interceptor the relay
-forwards both directions byte for byte and still learns each call's method and status.
+several (padded) DATA frames, frames the relay has no handler for (PRIORITY, an unknown
+extension type), PINGs and PING ACKs from both sides, every byte stream cut into arbitrary
+reads: with no interceptor the relay forwards both directions byte for byte but for PINGs
+(which it answers itself and never forwards) and still learns each call's method and status.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class Sink:
 
     def write(self, data: bytes | memoryview) -> None:
         self.data += data
+
+    def writelines(self, pieces: list[bytes | memoryview]) -> None:
+        for piece in pieces:
+            self.data += piece
 
     def is_closing(self) -> bool:
         return False
@@ -108,7 +113,7 @@ class Call:
     cut: int  # where the request's header block continues in a CONTINUATION
     pad: int | None  # padding of the request's HEADERS and of every DATA frame
     priority: bool
-    extras: bool  # frames without a handler around the call, and WINDOW_UPDATEs
+    extras: bool  # frames without a handler around the call, WINDOW_UPDATEs and PINGs
 
     def trailers(self) -> tuple[list[tuple[str, str]], int, str]:
         """The trailers the backend sends, and the (code, message) the relay must learn."""
@@ -148,29 +153,47 @@ def test_relays_every_byte_unchanged_and_learns_each_status(
     client_enc, backend_enc = hpack.Encoder(), hpack.Encoder()
     upward = bytearray(frames.PREFACE + frames.settings({frames.SETTINGS_INITIAL_WINDOW_SIZE: 1 << 20}))
     downward = bytearray(frames.settings() + frames.settings_ack())
+    # What each peer gets: the other's bytes without PINGs, and the relay's answers to its own.
+    to_backend, to_client = bytearray(upward), bytearray(downward)
+    acks_to_client, acks_to_backend = bytearray(), bytearray()
     expected = []
     for n, call in enumerate(calls):
         sid = 2 * n + 1
         block = client_enc.encode(grpc_request_headers(call.path, [("grpc-timeout", "119999m")]))
-        upward += header_frames(sid, block, False, call.cut % (len(block) + 1), call.pad, call.priority)
-        upward += data_frames(sid, encode_message(call.request), 1, call.pad, end_stream=True)
+        request = header_frames(sid, block, False, call.cut % (len(block) + 1), call.pad, call.priority)
+        request += data_frames(sid, encode_message(call.request), 1, call.pad, end_stream=True)
+        upward += request
+        to_backend += request
         if call.extras:
-            upward += frames.window_update(sid, 100) + frames.frame(frames.PING, 0, 0, b"8 bytes!")
-            upward += frames.frame(frames.PRIORITY, 0, sid, b"\x00\x00\x00\x00\x10")
-            downward += frames.frame(UNKNOWN_FRAME_TYPE, 0xFF, sid, b"ignored") + frames.window_update(0, 100)
+            ping = f"client{n:02d}".encode()
+            upward += frames.frame(frames.PING, 0, 0, ping) + frames.frame(frames.PING, frames.FLAG_ACK, 0, b"ack ping")
+            acks_to_client += frames.ping_ack(ping)
+            extra = frames.window_update(sid, 100) + frames.frame(frames.PRIORITY, 0, sid, b"\x00\x00\x00\x00\x10")
+            upward += extra
+            to_backend += extra
+            extra = frames.frame(UNKNOWN_FRAME_TYPE, 0xFF, sid, b"ignored") + frames.window_update(0, 100)
+            downward += extra
+            to_client += extra
+            ping = f"backe{n:03d}".encode()
+            downward += frames.frame(frames.PING, frames.FLAG_ACK, 0, b"ack ping")
+            downward += frames.frame(frames.PING, 0, 0, ping)
+            acks_to_backend += frames.ping_ack(ping)
         fields, code, message = call.trailers()
         response = backend_enc.encode([(":status", "200"), ("content-type", "application/grpc")])
-        downward += frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS, sid, response)
-        downward += data_frames(sid, encode_message(call.response), call.pieces, call.pad, end_stream=False)
-        downward += header_frames(sid, backend_enc.encode(fields), True, 3, None, False)
+        response_frames = frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS, sid, response)
+        response_frames += data_frames(sid, encode_message(call.response), call.pieces, call.pad, end_stream=False)
+        response_frames += header_frames(sid, backend_enc.encode(fields), True, 3, None, False)
+        downward += response_frames
+        to_client += response_frames
         expected.append((call.path, code, message))
     relay = Relay()
     for chunk in reads(bytes(upward), client_cuts):
         relay.conn.client_data(chunk)
     for chunk in reads(bytes(downward), backend_cuts):
         relay.conn.upstream_data(chunk)
-    assert relay.to_backend.data == upward
-    assert relay.to_client.data == downward
+    # All client reads come first, so the answers to its PINGs reach it before any response.
+    assert relay.to_backend.data == to_backend + acks_to_backend
+    assert relay.to_client.data == acks_to_client + to_client
     assert relay.observed == expected
     assert relay.conn.active_calls == 0
 
