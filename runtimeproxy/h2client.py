@@ -16,7 +16,8 @@ windows, protocol errors), itself on the relay's frame helpers and HPACK code:
 * a deadline travels as grpc-timeout and is enforced locally (RST_STREAM CANCEL, then
   DEADLINE_EXCEEDED); a cancelled caller resets its stream too;
 * responses up to ``max_message_size`` are accepted: our windows are opened that far and
-  credited back as DATA arrives; a larger one ends the call with RESOURCE_EXHAUSTED.
+  credited back once half of one is used (so a response of normal size costs no
+  WINDOW_UPDATE); a larger one ends the call with RESOURCE_EXHAUSTED.
 
 Errors are `RpcError` (code and details, as grpc's AioRpcError offers them); `status_of`
 reads the code of either kind. Both live in h2peer and are re-exported here.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 from typing import Final
 
@@ -70,16 +72,31 @@ def timeout_header(seconds: float) -> str:
     return f"{_TIMEOUT_DIGITS_MAX}H"
 
 
+@functools.lru_cache(maxsize=64)  # a channel calls a few methods (the hook points, the store's calls)
+def _request_head(method: str) -> bytes:
+    """A request's header fields but grpc-timeout: literals, so a block is the concatenation of
+    its fields' encodings and this part is the same on every call of ``method``."""
+    return encode_literal_block([
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", method),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ])
+
+
 class _Call(PeerStream):
     """One stream: what arrived for it, and the future its caller waits on."""
 
-    __slots__ = ("body", "done", "headers")
+    __slots__ = ("body", "done", "headers", "unacked")
 
     def __init__(self, send_window: int) -> None:
         super().__init__(send_window)
         self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.headers: list[tuple[str, str]] | None = None  # response headers, once received
         self.body = bytearray()
+        self.unacked = 0  # bytes received on the stream and not yet credited back
 
     def ended(self) -> bool:
         return self.done.done()
@@ -167,8 +184,15 @@ class _Connection(H2Peer[_Call]):
         if end_stream:
             reason = "the server ended the stream without trailers (no grpc-status)"
             self._end(stream_id, StatusCode.INTERNAL, reason, peer_done=True)
-        elif flow_size:
-            self.write(frames.window_update(stream_id, flow_size))
+            return
+        # The stream window already holds a whole message of the limit, so a response needs no
+        # credit; only padding (which counts, RFC 9113 section 6.9.1) can use up more. Crediting
+        # at half the window, as for the connection, spares a write here and a wake-up in the
+        # server per call.
+        call.unacked += flow_size
+        if call.unacked >= self.window // 2:
+            self.write(frames.window_update(stream_id, call.unacked))
+            call.unacked = 0
 
     def _on_headers(self, stream_id: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
         call = self.calls.get(stream_id)
@@ -292,15 +316,7 @@ class H2Channel:
             raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3f} s") from None
 
     async def _attempt(self, method: str, message: bytes, timeout: float) -> bytes:
-        headers = encode_literal_block([
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", method),
-            (":authority", "localhost"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-            ("grpc-timeout", timeout_header(timeout)),
-        ])
+        headers = _request_head(method) + encode_literal_block([("grpc-timeout", timeout_header(timeout))])
         connection = await self._connected()
         while not await connection.stream_slot():
             connection = await self._connected()

@@ -8,7 +8,8 @@ connection state both sides need the same way:
 * header blocks: HEADERS plus CONTINUATION assembled (nothing else may come between them),
   padding and priority fields removed, at most `MAX_HEADER_BLOCK` bytes, decoded with the
   relay's CachingDecoder (peers do use the dynamic table, so every block is decoded, also
-  one for a stream we no longer follow);
+  one for a stream we no longer follow), or here when it is literals only (what our own
+  client and server send; the last few such blocks are remembered);
 * SETTINGS (the peer's initial stream window, applied to open streams too; its maximum frame
   size and concurrent streams), PING answered, WINDOW_UPDATE credited to the send windows;
 * sending a message body within the peer's stream and connection windows and its maximum
@@ -62,6 +63,9 @@ ENHANCE_YOUR_CALM: Final = 0xB
 # Largest header block (and decoded header list) accepted from the peer; grpc-core's default
 # hard limit for metadata is 16 KiB, so this leaves room.
 MAX_HEADER_BLOCK: Final = 64 * 1024
+# Literal-only header blocks remembered per connection (emptied when full): our server sends
+# the same response headers and trailers on every call.
+MAX_LITERAL_BLOCKS: Final = 64
 
 
 class RpcError(Exception):
@@ -104,6 +108,9 @@ def details_of(exc: BaseException) -> str:
 def header_frames(stream_id: int, block: bytes, end_stream: bool, max_frame: int) -> bytes:
     """``block`` as one HEADERS frame, or HEADERS plus CONTINUATION frames when it is longer
     than the peer's maximum frame size (RFC 9113 section 6.10)."""
+    if len(block) <= max_frame:  # the usual case: one frame
+        flags = frames.FLAG_END_HEADERS | (frames.FLAG_END_STREAM if end_stream else 0)
+        return frames.frame(frames.HEADERS, flags, stream_id, block)
     pieces = [block[i : i + max_frame] for i in range(0, len(block), max_frame)] or [b""]
     out = bytearray()
     for n, piece in enumerate(pieces):
@@ -210,6 +217,9 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         self.streams: dict[int, S] = {}
         self.lost: str | None = None  # why the connection ended, once it has
         self.decoder = CachingDecoder(max_header_list_size=MAX_HEADER_BLOCK)
+        # Decoded literal-only blocks (they never touch the dynamic table, so a hit is always
+        # right); the lists are shared between hits: not to be changed.
+        self._literal_blocks: dict[bytes, list[tuple[str, str]]] = {}
         self.peer_window = frames.DEFAULT_WINDOW  # peer's initial stream window
         self.peer_max_frame = frames.DEFAULT_MAX_FRAME
         self.peer_max_streams = frames.MAX_STREAM_ID  # no limit until the peer sets one
@@ -304,6 +314,14 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         windows and maximum frame size, then ``tail`` (frames). The last DATA frame carries
         END_STREAM when there is no tail. What fits at once goes out in one write. False when
         the stream or the connection ended while waiting for a window."""
+        take = len(body)
+        if 0 < take <= min(self.send_window, stream.send_window, self.peer_max_frame):
+            # The usual case, all in one DATA frame at once: no copies, no list of frames.
+            self.send_window -= take
+            stream.send_window -= take
+            data = frames.frame(frames.DATA, 0 if tail else frames.FLAG_END_STREAM, stream_id, body)
+            self.write(head + data + tail)
+            return True
         out = bytearray(head)
         view = memoryview(body)
         while True:
@@ -428,7 +446,9 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         self._headers_of = 0
         block = bytes(self._block)
         try:  # every block is decoded, a reset stream's too: it may change the HPACK table
-            headers = decode_literal_block(block)
+            headers = self._literal_blocks.get(block)
+            if headers is None:
+                headers = self._literal(block)
             if headers is None:
                 headers = self.decoder.decode(block)
         except hpack.OversizedHeaderListError:
@@ -436,6 +456,15 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         except hpack.HPACKError as exc:
             raise ProtocolViolation(COMPRESSION_ERROR, f"header block does not decode: {exc}") from None
         self._on_headers(stream_id, headers, bool(self._block_flags & frames.FLAG_END_STREAM))
+
+    def _literal(self, block: bytes) -> list[tuple[str, str]] | None:
+        """`decode_literal_block`, remembered for the next time the same bytes come."""
+        headers = decode_literal_block(block)
+        if headers is not None:
+            if len(self._literal_blocks) >= MAX_LITERAL_BLOCKS:
+                self._literal_blocks.clear()  # e.g. requests, whose grpc-timeout differs each time
+            self._literal_blocks[block] = headers
+        return headers
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id or (flags & frames.FLAG_ACK and payload) or len(payload) % 6:

@@ -26,8 +26,10 @@ from hypothesis import strategies as st
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.h2client import H2Channel, RpcError, _Connection, status_of, timeout_header
+from runtimeproxy.h2peer import MAX_LITERAL_BLOCKS
 from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.relay.hpack_literal import encode_literal_block
 from runtimeproxy.testbed import Containerd
 
 LIMIT = 1 << 20
@@ -214,16 +216,61 @@ def test_garbage_from_the_server_ends_the_call_with_a_status(garbage: bytes, cut
     asyncio.run(run())
 
 
-async def test_received_data_is_credited_back() -> None:
+async def test_literal_header_blocks_are_remembered_within_bounds() -> None:
+    """Our server's answers are literal blocks, the same on every call: each decodes as at first,
+    also after the remembered blocks were dropped for many different ones."""
+    conn, _ = connected()
+    head = encode_literal_block([(":status", "200"), ("content-type", "application/grpc")])
+    for n in range(2 * MAX_LITERAL_BLOCKS + 3):
+        stream_id, call = await open_call(conn)
+        trailers = encode_literal_block([("grpc-status", "0"), ("x-call", str(n))])  # a new block each time
+        feed(conn, header_frames(stream_id, head, False, [], 0) + data_frames(stream_id, grpc_wire.encode_message(
+            b"m%d" % n), [], 0) + header_frames(stream_id, trailers, True, [], 0), [])
+        assert await outcome(call) == b"m%d" % n
+        assert len(conn._literal_blocks) <= MAX_LITERAL_BLOCKS
+    assert conn._literal_blocks[head] == [(":status", "200"), ("content-type", "application/grpc")]
+
+
+def stream_credits(transport: FakeTransport, stream_id: int) -> list[int]:
+    return [int.from_bytes(p, "big") for t, _, s, p in parse_frames(bytes(transport.written))
+            if t == frames.WINDOW_UPDATE and s == stream_id]
+
+
+async def test_a_normal_response_costs_no_stream_window_update() -> None:
+    """The stream window holds a whole message of the limit: nothing to credit, nothing written."""
     conn, transport = connected()
     stream_id, call = await open_call(conn)
-    server = Server()
+    before = len(transport.written)
     body = b"x" * 5000
-    feed(conn, server.answer(stream_id, body, data_cuts=[1000, 2000]), [])
+    feed(conn, Server().answer(stream_id, body, data_cuts=[1000, 2000], pad=50), [])
     assert await outcome(call) == body
-    updates = [(s, int.from_bytes(p, "big")) for t, _, s, p in parse_frames(bytes(transport.written))
-               if t == frames.WINDOW_UPDATE and s == stream_id]
-    assert sum(n for _, n in updates) == len(grpc_wire.encode_message(body))
+    assert len(transport.written) == before  # not even a connection credit for so little
+
+
+@settings(max_examples=50, deadline=None)
+@given(body=st.binary(max_size=1000), size=st.integers(1, 200), pad=st.integers(100, 255))
+def test_a_heavily_padded_response_is_credited_in_time(body: bytes, size: int, pad: int) -> None:
+    """Padding counts against the stream window (RFC 9113 section 6.9.1): a server keeping to the
+    window can send a response whose padding adds up to several windows, frame by frame."""
+    async def run() -> None:
+        conn = _Connection("unix:///fake.sock", 1000)  # stream window 1005
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        stream_id, call = await open_call(conn)
+        server = Server()
+        feed(conn, header_frames(stream_id, server.block([(":status", "200"), ("content-type", "application/grpc")]),
+                                 False, [], 0), [])
+        message = grpc_wire.encode_message(body)
+        sent = 0
+        for start in range(0, len(message), size):
+            frame = data_frames(stream_id, message[start : start + size], [], pad)
+            sent += len(frame) - frames.HEADER_LEN
+            assert sent <= conn.window + sum(stream_credits(transport, stream_id)), "the server would stall"
+            feed(conn, frame, [])
+        feed(conn, header_frames(stream_id, server.block([("grpc-status", "0")]), True, [], 0), [])
+        assert await outcome(call) == body
+
+    asyncio.run(run())
 
 
 async def test_connection_window_is_opened_to_the_message_limit() -> None:

@@ -95,10 +95,22 @@ class HookMetrics:
             ["method", "action"],
             registry=reg,
         )
+        # The labelled children per (server, hook, outcome): labels() takes a lock and builds
+        # a key per lookup, twice per hook call. Servers, points and outcomes are few.
+        self._children: dict[tuple[str, HookPoint, str], tuple[Any, Any]] = {}
 
     def record(self, result: HookOutcome) -> None:
-        self.duration.labels(result.server, result.point.value).observe(result.seconds)
-        self.outcomes.labels(result.server, result.point.value, result.outcome).inc()
+        key = (result.server, result.point, result.outcome)
+        children = self._children.get(key)
+        if children is None:
+            hook_name = result.point.value
+            children = (
+                self.duration.labels(result.server, hook_name),
+                self.outcomes.labels(result.server, hook_name, result.outcome),
+            )
+            self._children[key] = children
+        children[0].observe(result.seconds)
+        children[1].inc()
 
     def skipped(self, point: HookPoint) -> None:
         self.outcomes.labels("", point.value, "skipped").inc()

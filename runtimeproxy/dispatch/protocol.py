@@ -105,8 +105,8 @@ def pod_hook_request(pod: PodView) -> Any:
     request = hook.PodSandboxHookRequest(
         pod_meta=pod_metadata(config),
         runtime_handler=pod.runtime_handler,
-        labels=dict(config.labels),
-        annotations=dict(config.annotations),
+        labels=config.labels,
+        annotations=config.annotations,
         cgroup_parent=config.linux.cgroup_parent,
         pod_sandbox_id=pod.sandbox_id,
     )
@@ -119,17 +119,18 @@ def pod_hook_request(pod: PodView) -> Any:
 
 def container_hook_request(pod: PodView, container: ContainerView) -> Any:
     pod_config, config = pod.config, container.config
+    envs = [(env.key, env.value) for env in config.envs]  # each protobuf field read once
     request = hook.ContainerResourceHookRequest(
         pod_meta=pod_metadata(pod_config),
         container_meta=hook.ContainerMetadata(
             name=config.metadata.name, attempt=config.metadata.attempt, id=container.container_id
         ),
-        container_annotations=dict(config.annotations),
-        pod_annotations=dict(pod_config.annotations),
-        pod_labels=dict(pod_config.labels),
+        container_annotations=config.annotations,  # maps are copied in as they are, no dict needed
+        pod_annotations=pod_config.annotations,
+        pod_labels=pod_config.labels,
         pod_cgroup_parent=pod_config.linux.cgroup_parent,
-        container_envs={env.key: _text(env.value) for env in config.envs},
-        container_env_list=[hook.KeyValue(key=env.key, value=env.value) for env in config.envs],
+        container_envs={key: _text(value) for key, value in envs},
+        container_env_list=[hook.KeyValue(key=key, value=value) for key, value in envs],
         pod_sandbox_id=pod.sandbox_id,
         runtime_handler=pod.runtime_handler,
     )
@@ -194,15 +195,20 @@ def apply_container_response(pod: PodView, container: ContainerView, response: A
     config = container.config
     parent = response.pod_cgroup_parent
     env_field, wanted = _wanted_env(response)
-    current = [(env.key, bytes(env.value)) for env in config.envs]
-    merged, made_env = merge.merge_env(current, wanted)
+    merged: list[tuple[str, bytes]] = []
+    made_env: dict[str, tuple[bytes | None, bytes]] = {}
+    env_problems: list[str] = []
+    if wanted:  # an answer without env leaves it as it is: nothing to merge or check
+        current = [(env.key, bytes(env.value)) for env in config.envs]
+        merged, made_env = merge.merge_env(current, wanted)
+        env_problems = _labelled(env_field, limits.validate_env(wanted) + limits.env_total_problems(current, merged))
     _refuse(
         _parent_problems("pod_cgroup_parent", parent, pod.config.linux.cgroup_parent, rules)
         + _total_problems(
             "container_annotations", config.annotations, response.container_annotations, limits.ANNOTATIONS_TOTAL_MAX
         )
         + _resource_problems(response, "container_resources", config.linux.resources, rules)
-        + _labelled(env_field, limits.validate_env(wanted) + limits.env_total_problems(current, merged))
+        + env_problems
     )
     changes = _map_changes("annotations", merge.merge_map(config.annotations, dict(response.container_annotations)))
     if response.HasField("container_resources"):

@@ -1,13 +1,25 @@
 """dispatch/protocol.py: a new container follows its pod (`follow_pod`), as the proxy applies
-it to CreateContainer and `runtime-hooks explain` rehearses it."""
+it to CreateContainer and `runtime-hooks explain` rehearses it; what a container hook request
+carries, and which answers are held to the env limits."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
-from runtimeproxy.dispatch.protocol import follow_pod
+from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
+from runtimeproxy.dispatch import limits
+from runtimeproxy.dispatch.protocol import (
+    ContainerView,
+    InvalidHookOutput,
+    OutputRules,
+    PodView,
+    apply_container_response,
+    container_hook_request,
+    follow_pod,
+)
 
 keys = st.sampled_from(["app", "tier", "koordinator.sh/qosClass", "x"])
 values = st.sampled_from(["", "a", "b", "LS", "BE"])
@@ -68,3 +80,38 @@ def test_following_twice_changes_nothing_more(
         c_notes.get(k) != v for k, v in notes.items()
     )
     assert follow_pod(container, pod) == []
+
+
+# -- hook requests and answers ---------------------------------------------------------------
+
+env_lists = st.lists(st.tuples(st.sampled_from(["A", "B", "PATH", "é"]), st.binary(max_size=6)), max_size=5)
+
+
+@given(maps, maps, maps, env_lists)
+def test_a_container_hook_request_carries_the_views_as_they_are(
+    labels: dict[str, str], notes: dict[str, str], c_notes: dict[str, str], envs: list[tuple[str, bytes]]
+) -> None:
+    pod_config = config("/kubepods/podu", labels, notes)
+    container = cri.ContainerConfig(annotations=c_notes, envs=[cri.KeyValue(key=k, value=v) for k, v in envs])
+    request = container_hook_request(PodView("s", "runc", pod_config), ContainerView("c", container))
+    assert (dict(request.pod_labels), dict(request.pod_annotations)) == (labels, notes)
+    assert dict(request.container_annotations) == c_notes
+    assert [(e.key, e.value) for e in request.container_env_list] == envs
+    assert dict(request.container_envs) == {k: v.decode("utf-8", "replace") for k, v in envs}  # the last one wins
+    pod_config.labels["added"] = "later"
+    container.annotations["added"] = "later"
+    assert "added" not in request.pod_labels and "added" not in request.container_annotations  # copies
+
+
+def test_an_answer_without_env_leaves_an_env_over_the_limits_alone() -> None:
+    """Only an answer that changes the environment is held to its limits: kubelet's own env,
+    however large, is neither refused nor touched when the hook server says nothing about it."""
+    big = [cri.KeyValue(key=f"V{n}", value=b"x" * (limits.ENV_ENTRY_MAX // 2)) for n in range(10)]  # over the total
+    container = ContainerView("c", cri.ContainerConfig(envs=big))
+    answer = hook.ContainerResourceHookResponse(container_annotations={"a": "1"})
+    changes = apply_container_response(PodView("s", "", config()), container, answer, OutputRules())
+    assert changes == ["annotations[a]: None -> '1'"]
+    assert list(container.config.envs) == big
+    growing = hook.ContainerResourceHookResponse(container_env_list=[hook.KeyValue(key="NEW", value=b"1")])
+    with pytest.raises(InvalidHookOutput, match="env would hold"):
+        apply_container_response(PodView("s", "", config()), container, growing, OutputRules())
