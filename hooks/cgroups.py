@@ -290,22 +290,37 @@ class PodRoots:
             raise TypeError("roots is a sequence of roots, not one string")
         self.roots = tuple(roots)
         self._segments = tuple(_root_segments(root) for root in self.roots)
+        self._qos_dirs = tuple(_qos_class_dirs(root) for root in self._segments)
+        # problem's answers: a pure function of the parent, asked for each new path of a pod.
+        self._answers: dict[str, str | None] = {}
 
     def __repr__(self) -> str:
         return f"PodRoots({self.roots!r})"
 
     def problem(self, parent: str) -> str | None:
         """Why the cgroup ``parent`` is not a pod cgroup (or one below it) under the roots; None if it is."""
+        if not isinstance(parent, str):
+            return self._problem(parent)
+        try:
+            return self._answers[parent]
+        except KeyError:
+            pass
+        if len(self._answers) >= _RESOLVED_MAX:
+            self._answers.clear()
+        answer = self._answers[parent] = self._problem(parent)
+        return answer
+
+    def _problem(self, parent: str) -> str | None:
         try:
             relative = parent_path(parent)
         except CgroupPathError as exc:
             return str(exc)
         segments = tuple(relative.split("/")) if relative else ()
-        for root, name in zip(self._segments, self.roots, strict=True):
+        for root, qos_dirs, name in zip(self._segments, self._qos_dirs, self.roots, strict=True):
             below = segments[len(root) :]
             if segments[: len(root)] != root or not below:
                 continue
-            if len(below) == 1 and below[0] in _qos_class_dirs(root):
+            if len(below) == 1 and below[0] in qos_dirs:
                 return f"cgroup parent {parent!r} is the QoS-class cgroup {below[0]!r} under {name!r}, not a pod's"
             return None
         if not segments:
@@ -418,7 +433,9 @@ class CgroupFS:
         self._resolved_hierarchies: dict[str, str] = {}
         self._hierarchy_dirs: dict[str, str] = {}  # see _hierarchy_dir
         self._resolved: dict[str, str] = {}  # see _realpath
-        self._paths: dict[tuple[str, str, str, str | None], str] = {}  # see _remembered
+        # see _remembered; key: (kind, controller, parent, file, container id or None)
+        self._paths: dict[tuple[str, str, str, str | None, str | None], str] = {}
+        self._container_dirs: dict[tuple[str, str, str], str] = {}  # see _container_dir
         self.driver: CgroupDriver = driver
         self._version = version
 
@@ -467,9 +484,8 @@ class CgroupFS:
 
     def _path_text(self, controller: str, parent: str, container_id: str | None, file: str | None) -> str:
         """:meth:`path` as a string (the methods here need no Path object)."""
-        if container_id is None:
-            return self._remembered(("path", controller, parent, file), self._path, controller, parent, file)
-        return self._path(controller, parent, file, container_id)
+        key = ("path", controller, parent, file, container_id)
+        return self._remembered(key, self._path, controller, parent, file, container_id)
 
     def _path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> str:
         target = self._target(controller, parent, container_id, file)
@@ -483,9 +499,8 @@ class CgroupFS:
 
     def _pod_path_text(self, controller: str, parent: str, container_id: str | None, file: str | None) -> str:
         """:meth:`pod_path` as a string."""
-        if container_id is None:
-            return self._remembered(("pod", controller, parent, file), self._pod_path, controller, parent, file)
-        return self._pod_path(controller, parent, file, container_id)
+        key = ("pod", controller, parent, file, container_id)
+        return self._remembered(key, self._pod_path, controller, parent, file, container_id)
 
     def _pod_path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> str:
         self.pod_roots.check(parent)
@@ -510,10 +525,27 @@ class CgroupFS:
         relative = parent_path(parent)
         directory = os.path.join(base, relative) if relative else base
         if container_id is not None:
-            names = self.container_dir_names(container_id)
-            found = (os.path.join(directory, name) for name in names)
-            directory = next((path for path in found if os.path.isdir(path)), os.path.join(directory, names[0]))
+            directory = self._container_dir(controller, parent, directory, container_id)
         return os.path.join(directory, _check_file(file)) if file is not None else directory
+
+    def _container_dir(self, controller: str, parent: str, pod_dir: str, container_id: str) -> str:
+        """The container's directory under ``pod_dir``: the first of its runtime namings that
+        exists, else the driver's naming. One found is remembered: a container id is never
+        reused, so its cgroup keeps the name it was made with (a removed one is simply missing,
+        as the driver's naming would be); one not found yet is looked up again next time."""
+        key = (controller, parent, container_id)
+        found = self._container_dirs.get(key)
+        if found is not None:
+            return found
+        names = self.container_dir_names(container_id)
+        for name in names:
+            path = os.path.join(pod_dir, name)
+            if os.path.isdir(path):
+                if len(self._container_dirs) >= _RESOLVED_MAX:
+                    self._container_dirs.clear()
+                self._container_dirs[key] = path
+                return path
+        return os.path.join(pod_dir, names[0])
 
     def _real_hierarchy(self, controller: str) -> str:
         # Like the root's, a hierarchy root's resolution does not change while the server runs.
@@ -547,24 +579,31 @@ class CgroupFS:
         lived between two reconcile rounds is never seen gone). Resolutions are simply dropped:
         they come back with one lstat each. Returns how many entries went."""
         live = frozenset(parents)
-        before = len(self._paths) + len(self._resolved)
+        before = len(self._paths) + len(self._resolved) + len(self._container_dirs)
         self._paths = {key: path for key, path in self._paths.items() if key[2] in live}
+        self._container_dirs = {key: path for key, path in self._container_dirs.items() if key[1] in live}
         self._resolved = {}
-        return before - len(self._paths)
+        return before - len(self._paths) - len(self._container_dirs)
 
     def _remembered(
-        self, key: tuple[str, str, str, str | None], find: Callable[[str, str, str | None], str], *args: Any
+        self,
+        key: tuple[str, str, str, str | None, str | None],
+        find: Callable[[str, str, str | None, str | None], str],
+        *args: Any,
     ) -> str:
-        """A pod's (not a container's) checked path, remembered: a plugin call asks for the same
-        few paths many times (a build and checks, about 15 us each, most of a write's cost).
-        Sound for the reason :meth:`_realpath` is, and because such a path involves no lookup in
-        the tree (a container's does: its naming is looked up, so it is not kept). Failures are
-        not kept; bounded like _realpath."""
+        """A checked path, remembered: a plugin call asks for the same few paths many times (a
+        build and checks, about 15 us each, most of a write's cost). Sound for the reason
+        :meth:`_realpath` is; a container's path is kept only once its cgroup was found (its
+        naming is looked up in the tree: :meth:`_container_dir`). Failures are not kept;
+        bounded like _realpath."""
         path = self._paths.get(key)
         if path is None:
-            if len(self._paths) >= _RESOLVED_MAX:
-                self._paths.clear()
-            path = self._paths[key] = find(*args)
+            path = find(*args)
+            container = key[4]
+            if container is None or (key[1], key[2], container) in self._container_dirs:
+                if len(self._paths) >= _RESOLVED_MAX:
+                    self._paths.clear()
+                self._paths[key] = path
         return path
 
     def _realpath(self, path: str | os.PathLike[str]) -> str:
@@ -600,14 +639,24 @@ class CgroupFS:
         return os.path.isdir(self._path_text(controller, parent, container_id, None))
 
     def has_file(self, controller: str, file: str, parent: str, container_id: str | None = None) -> bool:
-        """Whether the cgroup has ``file`` (kernel features show up as files)."""
-        return os.path.isfile(self._path_text(controller, parent, container_id, file))
+        """Whether the cgroup has ``file`` (kernel features show up as files). A link is no cgroup file."""
+        try:
+            return stat.S_ISREG(os.lstat(self._file_text(controller, parent, container_id, file)).st_mode)
+        except OSError:  # missing (or unreadable directory): no such file, as os.path.isfile says
+            return False
+
+    def _file_text(self, controller: str, parent: str, container_id: str | None, file: str) -> str:
+        """``file``'s path for has_file and read: its cgroup's checked directory (remembered) and the
+        checked name. The file itself is not resolved (an lstat per new file saved): neither follows
+        it (lstat, O_NOFOLLOW), so a link there cannot lead out of the root (cgroupfs has none)."""
+        return os.path.join(self._path_text(controller, parent, container_id, None), _check_file(file))
 
     # -- raw access --
 
     def read(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str:
-        """The content of ``file``, surrounding whitespace stripped. OSError if it cannot be read."""
-        path = self._path_text(controller, parent, container_id, file)
+        """The content of ``file``, surrounding whitespace stripped. OSError if it cannot be read
+        (ELOOP: the file is a link)."""
+        path = self._file_text(controller, parent, container_id, file)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
             chunks = []

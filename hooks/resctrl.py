@@ -83,6 +83,7 @@ RESERVED_NAMES = frozenset({"info", "mon_groups", "mon_data"})
 
 _GROUP_NAME = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
 _NAME_MAX = 255
+_GROUP_PATHS_MAX = 1024  # group paths ResctrlFS remembers (a host has at most a few hundred CLOSIDs)
 _DECIMAL = re.compile(r"[0-9]+", re.ASCII)
 _HEX = re.compile(r"(?:0[xX])?[0-9a-fA-F]+", re.ASCII)
 
@@ -331,10 +332,20 @@ class ResctrlInfo:
 
 
 def _read(path: Path) -> str:
+    """The file's ASCII text, newlines as text mode reads them, with plain read(2)s: a text-mode
+    open costs an fstat, an ioctl and two lseeks more (``tasks`` is read at each container start)."""
     try:
-        return path.read_text(encoding="ascii")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        text = b"".join(chunks).decode("ascii")
     except (OSError, UnicodeDecodeError) as exc:
         raise ResctrlError(f"cannot read {path}: {exc}") from exc
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def _read_int(path: Path, base: int = 10) -> int:
@@ -471,6 +482,7 @@ class ResctrlFS:
     def __init__(self, root: Path = DEFAULT_ROOT, *, ops: ResctrlOps | None = None) -> None:
         self.root = Path(root)
         self._resolved_root: str | None = None
+        self._group_paths: dict[str, Path] = {}  # see group_path
         self._ops: ResctrlOps = ops if ops is not None else KernelOps()
         self._info: ResctrlInfo | None = None
         self._mutex = threading.RLock()
@@ -495,7 +507,14 @@ class ResctrlFS:
             return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False) and e.name not in RESERVED_NAMES)
 
     def group_path(self, name: str) -> Path:
-        """``root/<name>`` for a valid group name; raises :class:`InvalidGroupName` otherwise."""
+        """``root/<name>`` for a valid group name; raises :class:`InvalidGroupName` otherwise.
+
+        A name that passed is remembered (each PostStartContainer asks twice, about 4 lstats each):
+        resctrl has no symlink operation, so a group path that resolved to itself keeps doing so,
+        also when the group is removed and made again. Failures are not kept."""
+        known = self._group_paths.get(name) if isinstance(name, str) else None
+        if known is not None:
+            return known
         validate_group_name(name)
         path = self.root / name
         if self._resolved_root is None:  # the root's resolution does not change; each group's is checked
@@ -504,6 +523,8 @@ class ResctrlFS:
         real = os.path.realpath(path)
         if os.path.dirname(real) != real_root or os.path.basename(real) != name:
             raise InvalidGroupName(f"resctrl group {name!r} resolves to {real}, outside {real_root}")
+        if len(self._group_paths) < _GROUP_PATHS_MAX:  # group names are few (CLOSIDs); bounded anyway
+            self._group_paths[name] = path
         return path
 
     def last_cmd_status(self) -> str:

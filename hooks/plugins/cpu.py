@@ -572,15 +572,24 @@ def apply_pod_plan(
 
 
 def apply_container_burst(
-    fs: CgroupFS, parent: str, container_id: str, burst: int, log: Any, *, only_lower: bool = False
+    fs: CgroupFS,
+    parent: str,
+    container_id: str,
+    burst: int,
+    log: Any,
+    *,
+    only_lower: bool = False,
+    quota_now: int | Literal["unread"] | None = "unread",
 ) -> bool:
     """Set the container cgroup's burst to ``burst`` (capped at its quota) where the file exists
-    and the value differs; with ``only_lower``, only if that lowers it. True if written."""
+    and the value differs; with ``only_lower``, only if that lowers it. True if written.
+    ``quota_now``: the quota as the caller just read it (_current_quota), not read again."""
     burst_file = fs.file_name("cpu.burst")
-    if not fs.exists(parent, container_id) or not fs.has_file("cpu", burst_file, parent, container_id):
+    # No file without the cgroup: has_file answers for both (one stat).
+    if not fs.has_file("cpu", burst_file, parent, container_id):
         return False
     now = _read_int(fs, burst_file, parent, container_id)
-    quota = _current_quota(fs, parent, container_id)
+    quota = _current_quota(fs, parent, container_id) if quota_now == "unread" else quota_now
     if quota is not None and quota > 0:
         burst = min(burst, quota)
     if now == burst or (only_lower and now is not None and burst > now):
@@ -707,7 +716,7 @@ async def set_container_burst(
     current = _current_quota(cgroups, pod.cgroup_parent, container.id)
     plan = plan_container(pod, container, qos, settings, section, current_quota=current)
     if plan.cfs_burst is not None:
-        apply_container_burst(cgroups, pod.cgroup_parent, container.id, plan.cfs_burst, log)
+        apply_container_burst(cgroups, pod.cgroup_parent, container.id, plan.cfs_burst, log, quota_now=current)
 
 
 @plugin.reconcile

@@ -317,11 +317,11 @@ def cgroup_threads(cgroups: CgroupFS, parent: str, container_id: str | None = No
         found = _parse_ids(cgroups.read("cpu", name, parent, container_id))
     except FileNotFoundError:
         found = set()
-    top = cgroups.path("cpu", parent, container_id)
-    if top.is_dir():
-        for directory, _dirs, files in os.walk(top, followlinks=False):
-            if directory != str(top) and name in files:
-                found |= _read_ids(os.path.join(directory, name))
+    top = str(cgroups.path("cpu", parent, container_id))
+    # os.walk yields nothing for a missing top (a dry-run handle's simulated cgroup).
+    for directory, _dirs, files in os.walk(top, followlinks=False):
+        if directory != top and name in files:
+            found |= _read_ids(os.path.join(directory, name))
     return found
 
 

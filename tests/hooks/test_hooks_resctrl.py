@@ -467,6 +467,27 @@ def test_group_symlinked_out_of_the_root_is_refused(fake_resctrl: FakeResctrl, t
     assert list(outside.iterdir()) == []
 
 
+def test_a_checked_group_path_is_remembered_and_a_refused_one_refused_again(
+    fake_resctrl: FakeResctrl, tmp_path: Path
+) -> None:
+    fs = fake_resctrl.fs()
+    fs.ensure_group("kept")
+    path = fs.group_path("kept")
+    assert fs.group_path("kept") is path  # remembered: no second resolution
+    fake_resctrl.rmdir(fake_resctrl.root / "kept")
+    assert fs.group_path("kept") == fake_resctrl.root / "kept"  # removed: the same path, as before
+    fs.ensure_group("kept")
+    assert fs.group_path("kept") == path and "kept" in fs.groups()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (fake_resctrl.root / "evil").symlink_to(outside)
+    for _ in range(2):  # refusals are not remembered
+        with pytest.raises(InvalidGroupName, match="outside"):
+            fs.group_path("evil")
+    with pytest.raises(InvalidGroupName):
+        fs.group_path("../x")
+
+
 def test_closid_limit(tmp_path: Path) -> None:
     fake = make_fake_resctrl(tmp_path / "resctrl", num_closids=4)
     fs = fake.fs()
@@ -660,3 +681,25 @@ def test_fake_kernel_tasks_parsing(fake_resctrl: FakeResctrl, sleeper: Callable[
         fake_resctrl.write(path, f"{dead}\n".encode())
     assert caught.value.errno == errno.ESRCH
     assert fake_resctrl.last_cmd_status == f"No task {dead}\nError while processing task {dead}\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.one_of(st.binary(max_size=200), st.text("0123456789\n\r ,-", max_size=200).map(str.encode)))
+def test_a_file_reads_as_text_mode_reads_it(data: bytes) -> None:
+    """The plain-read(2) reader gives what ``Path.read_text("ascii")`` gives, or refuses alike."""
+    from runtimeproxy.hooks import resctrl as resctrl_mod
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "tasks"
+        path.write_bytes(data)
+        try:
+            want: str | None = path.read_text(encoding="ascii")
+        except UnicodeDecodeError:
+            want = None
+        if want is None:
+            with pytest.raises(resctrl_mod.ResctrlError, match="cannot read"):
+                resctrl_mod._read(path)
+        else:
+            assert resctrl_mod._read(path) == want
+        with pytest.raises(resctrl_mod.ResctrlError, match="cannot read"):
+            resctrl_mod._read(Path(scratch) / "missing")

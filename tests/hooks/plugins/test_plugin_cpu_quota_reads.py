@@ -1,6 +1,7 @@
 """The cpu plugin reads a pod cgroup's quota once per PreRunPodSandbox (for the plan and for applying
 it), with the same outcome as reading it twice: the batch quota written, and an unreadable quota
-file the plugin's error."""
+file the plugin's error. Likewise a container's quota once per PostStartContainer (for the burst's
+plan and its cap)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
 from runtimeproxy.hooks.extended_resources import BATCH_CPU, EXTENDED_RESOURCE_SPEC_ANNOTATION
 from runtimeproxy.hooks.plugins import cpu
 from runtimeproxy.hooks.sdk import HookPoint
+from runtimeproxy.hooks.testkit.builders import container as make_container
 from runtimeproxy.hooks.testkit.builders import pod as make_pod
 from runtimeproxy.hooks.testkit.builders import run_plugin
 from runtimeproxy.hooks.testkit.cgroups import FakeCgroup
+from runtimeproxy.hooks.views import Resources
 
 SPEC = json.dumps({"containers": {"main": {"limits": {BATCH_CPU: "1500"}}}})
 
@@ -64,3 +67,44 @@ async def test_an_unreadable_quota_file_is_the_plugins_error(tree: FakeCgroup) -
     result = await run_plugin(cpu.plugin, HookPoint.PRE_RUN_POD_SANDBOX, pod=pod, cgroups=fs)
     assert [(f.plugin, f.outcome) for f in result.failures] == [("cpu", "error")]
     assert "ValueError" in result.failures[0].reason or "CgroupError" in result.failures[0].reason
+
+
+def burst_file(fs: CgroupFS) -> str:
+    return "cpu.cfs_burst_us" if fs.version is CgroupVersion.V1 else "cpu.max.burst"
+
+
+@pytest.mark.parametrize(("percent", "burst"), [(1000, 200000), (50, 100000)])
+async def test_poststart_reads_the_containers_quota_once_and_caps_the_burst_by_it(
+    tree: FakeCgroup, percent: int, burst: int
+) -> None:
+    parent = tree.add_pod("ls-1", "burstable")
+    cid = "c" * 64
+    tree.add_container(parent, cid)
+    fs = CountingFS(tree.root, tree.driver)
+    fs.set_cpu_quota(parent, 200000, container_id=cid)
+    pod = make_pod("web", qos="LS", uid="ls-1", cgroup_parent=parent)
+    container = make_container("app", id=cid, resources=Resources(cpu_quota=200000, cpu_period=100000))
+    policy = f"cpu: {{LS: {{cfs_burst_percent: {percent}}}}}"
+    result = await run_plugin(
+        cpu.plugin, HookPoint.POST_START_CONTAINER, pod=pod, container=container, cgroups=fs, policy=policy
+    )
+    assert result.failures == []
+    assert fs.reads[quota_file(fs)] == 1
+    assert fs.read("cpu", burst_file(fs), parent, cid) == str(burst)
+
+
+async def test_poststart_writes_no_burst_without_the_containers_cgroup(tree: FakeCgroup) -> None:
+    parent = tree.add_pod("ls-2", "burstable")
+    fs = CountingFS(tree.root, tree.driver)
+    pod = make_pod("web", qos="LS", uid="ls-2", cgroup_parent=parent)
+    container = make_container("app", id="d" * 64, resources=Resources(cpu_quota=200000, cpu_period=100000))
+    result = await run_plugin(
+        cpu.plugin,
+        HookPoint.POST_START_CONTAINER,
+        pod=pod,
+        container=container,
+        cgroups=fs,
+        policy="cpu: {LS: {cfs_burst_percent: 1000}}",
+    )
+    assert result.failures == [] and result.applied == ["cpu"]
+    assert fs.reads == {}
