@@ -138,8 +138,11 @@ def sched_snapshot(watch: dict[str, int]) -> dict[str, list[int]]:
 
 async def run_pods(job: dict[str, Any]) -> dict[str, Any]:
     """Start every pod of the job in its order, each through its own socket, then stop and
-    remove them in the same order through the same sockets."""
+    remove them in the same order through the same sockets. With ``settle`` (seconds), each
+    start waits that long first, so what the previous pod left running (its post-hooks, the
+    runtime's own after-work) is done before the next is timed."""
     watch: dict[str, int] = job.get("watch", {})
+    settle: float = job.get("settle", 0.0)
     options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
     channels = {path: grpc.aio.insecure_channel(f"unix://{path}", options=options)
                 for path in {pod["socket"] for pod in job["pods"]}}
@@ -156,6 +159,8 @@ async def run_pods(job: dict[str, Any]) -> dict[str, Any]:
             await cri("Version", pb.VersionRequest(version="v1"), pb.VersionResponse)  # connect first
         for pod in job["pods"]:
             cri = clients[pod["socket"]]
+            if settle:
+                await asyncio.sleep(settle)
             before, sched_before = cpu_snapshot(watch), sched_snapshot(watch)
             pod_id, container_id, times = await start_pod(cri, pod, job["image"])
             ended.append(time.monotonic())

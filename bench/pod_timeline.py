@@ -87,7 +87,8 @@ def run_pods(args: argparse.Namespace, work: Path, scratch: Path, trace: Path) -
                 for target in group:
                     spec = pod_spec(bed, sockets[target], f"tl-{label}-{len(specs)}-{target}", KUBE_QOS[kind])
                     specs.append({**spec, "kind": kind, "target": target, "group": f"{label}-{k}"})
-            return specs, client.run(op="pods", image=bed.test_image, watch=watch, pods=specs)
+            return specs, client.run(op="pods", image=bed.test_image, watch=watch, pods=specs,
+                                     settle=args.settle_ms / 1e3)
 
         run_groups(interleaved(TARGETS, 0, 2 * args.warmup_pods), "warm")
         background = background_cpus(2.0)
@@ -290,7 +291,8 @@ def aggregate(report: dict[str, Any], target: str) -> dict[str, Any]:
 
 def print_ratios(report: dict[str, Any]) -> None:
     r = report["ratios"]
-    print(f"\nPod start, {r['direct']['pods']} pods per target alternating one by one; background load before: "
+    settle = f", {report['settle_ms']:g} ms idle before each" if report.get("settle_ms") else ", back to back"
+    print(f"\nPod start, {r['direct']['pods']} pods per target alternating one by one{settle}; background load before: "
           f"{report['background_cpus']:.2f} CPUs busy, load average after "
           + "/".join(f"{x:.2f}" for x in report["load_after"]))
     head = f"{'':<46}{'mean':>9}{'p50':>9}{'mean x':>8}{'p50 x':>7}{'paired added':>20}{'paired x':>16}  target"
@@ -375,11 +377,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warmup-pods", type=int, default=1, help="untimed pods per target and kind (default 1)")
     parser.add_argument("--spaced-calls", type=int, default=200,
                         help="Version calls per target after an idle gap, after the pods (default 200; 0: none)")
+    parser.add_argument("--settle-ms", type=float, default=50.0,
+                        help="idle time before each pod start, so the previous pod's post-hooks and the "
+                             "runtime's after-work are not timed with the next pod (default 50; 0: back to back)")
     parser.add_argument("--per-pod", action="store_true", help="print every proxied pod's timeline too")
     parser.add_argument("--json", type=Path, help="also write the timelines and means to this file")
     args = parser.parse_args(argv)
-    if args.pods < 1 or args.rounds < 1 or args.warmup_pods < 0:
-        parser.error("--pods and --rounds must be at least 1, --warmup-pods at least 0")
+    if args.pods < 1 or args.rounds < 1 or args.warmup_pods < 0 or args.settle_ms < 0:
+        parser.error("--pods and --rounds must be at least 1, --warmup-pods and --settle-ms at least 0")
     require_root("pod_timeline.py")
     began = time.monotonic()
     with workdir() as work, scratch_dir() as scratch:
@@ -388,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         run = run_pods(args, work, scratch, trace)
         report = build(run, read_trace(trace))
     report["ratios"] = ratios(report["pods"])
+    report["settle_ms"] = args.settle_ms
     report["aggregate"] = {target: aggregate(report, target) for target in PROXIED}
     print(f"{report['trace_events']} trace events")
     if args.per_pod:
