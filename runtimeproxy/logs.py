@@ -3,21 +3,37 @@
 Under systemd, stdout is a journald stream and journald reads an ``<N>`` prefix on each line
 as the syslog priority (sd-daemon(3)), so ``journalctl -p warning`` works without any
 journald-specific library. ``fmt="console"`` is for humans running the daemon by hand.
+
+Every write(2) to that stream wakes journald (and costs the writer ~38 us when it was idle), so
+info/warning/debug lines logged on a thread that runs an asyncio loop are collected and written
+with ONE write per loop turn: the first line of a turn schedules a flush with ``loop.call_soon``.
+Lines of other threads, lines with no running loop (start up, CLI commands) and error/critical
+lines (they may precede a crash) are written at once, after whatever is collected, so lines of
+one thread never change order. What is collected is also written at interpreter exit (atexit).
+A SIGKILL or a segfault loses at most the info/warning lines of the loop turn it interrupts; a
+loop closed with lines collected in its last turn leaves them for the next write or the exit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import contextlib
+import datetime
 import json
 import logging
+import os
 import sys
 import threading
+import time
 from collections.abc import Callable
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
-__all__ = ["FORMATS", "LEVELS", "configure_logging", "debug_enabled", "get_logger"]
+__all__ = ["FORMATS", "LEVELS", "configure_logging", "debug_enabled", "flush", "get_logger"]
 
 LEVELS: dict[str, int] = {
     "debug": logging.DEBUG,
@@ -42,6 +58,69 @@ _DEFAULT_PREFIX = "<6>"
 _min_level = logging.INFO
 
 
+_lock = threading.Lock()  # one write at a time, so lines never interleave or change order
+_pending: list[str] = []  # whole lines ("...\n") collected on loop threads, oldest first
+_armed: set[asyncio.AbstractEventLoop] = set()  # loops with a flush scheduled and not yet run
+_running_loop = asyncio._get_running_loop  # the C lookup asyncio.get_running_loop uses, minus the raise
+
+
+def _write(text: str) -> None:
+    out = sys.stdout  # looked up per write: pytest's capture swaps it
+    out.write(text)
+    out.flush()  # journald stream / pipe: a line must not sit in a buffer
+
+
+def _take_pending() -> str:
+    """Everything collected, as one string (caller holds _lock). Scheduled flushes left behind
+    then find nothing to write: an extra callback, never a lost line."""
+    if not _pending:
+        return ""
+    text = "".join(_pending)
+    _pending.clear()
+    _armed.clear()
+    return text
+
+
+def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
+    """The loop turn's flush: one write for every line collected since the last one."""
+    with _lock:
+        _armed.discard(loop)
+        text = _take_pending()
+        if not text:
+            return
+        try:
+            _write(text)
+        except (OSError, ValueError) as exc:  # stdout closed or gone: say so where it can still be read
+            lost = text.count("\n")
+            sys.stderr.write(f"runtimeproxy.logs: {lost} log lines lost: {exc!r}\n")
+
+
+def flush() -> None:
+    """Write what loop threads collected; for exit paths and tests (also runs at exit)."""
+    with _lock:
+        text = _take_pending()
+        if text:
+            _write(text)
+
+
+def _forget_in_child() -> None:
+    """A forked child starts with no lines of its parent's (the parent writes them) and a fresh
+    lock (another thread of the parent may have held it at the fork)."""
+    global _lock
+    _lock = threading.Lock()
+    _pending.clear()
+    _armed.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    with contextlib.suppress(OSError, ValueError):  # stdout already closed at exit: nowhere to write
+        flush()
+
+
 class _StdoutLogger:
     """Writes whole lines to whatever ``sys.stdout`` is at call time.
 
@@ -49,19 +128,28 @@ class _StdoutLogger:
     keeps cached loggers valid when stdout is swapped, e.g. by pytest's capture.
     """
 
-    _lock = threading.Lock()
-
     def __init__(self, name: str = "") -> None:
         self.name = name
 
     def msg(self, message: str) -> None:
-        line = message + "\n"
-        with self._lock:  # one write per line so threads never interleave inside a line
-            out = sys.stdout
-            out.write(line)
-            out.flush()  # journald stream / pipe: a line must not sit in a buffer
+        loop = _running_loop()
+        if loop is None:  # not on a loop thread: nothing would flush a collected line
+            self.now(message)
+            return
+        with _lock:
+            _pending.append(message + "\n")
+            if loop in _armed:
+                return
+            _armed.add(loop)
+        loop.call_soon(_flush_turn, loop)
 
-    debug = info = warning = warn = error = critical = fatal = exception = log = msg
+    def now(self, message: str) -> None:
+        """Write the line at once, after (and in the same write as) what was collected."""
+        with _lock:
+            _write(_take_pending() + message + "\n")
+
+    debug = info = warning = warn = log = msg
+    error = critical = fatal = exception = now
 
 
 def _stdout_logger_factory(*args: Any) -> _StdoutLogger:
@@ -76,27 +164,59 @@ def _add_logger_name(logger: WrappedLogger, _name: str, event_dict: EventDict) -
     return event_dict
 
 
-_ENCODERS: dict[Callable[[Any], Any], json.JSONEncoder] = {}
-
-
 def _dumps(obj: Any, *, default: Callable[[Any], Any]) -> str:
-    """``json.dumps(obj, default=default)``, the same text, with the encoder built once: json.dumps
-    builds a new one per call when given ``default`` (a few us of every line)."""
-    encoder = _ENCODERS.get(default)
-    if encoder is None:
-        encoder = _ENCODERS[default] = json.JSONEncoder(default=default)
-    return encoder.encode(obj)
+    """``json.dumps(obj, default=default)``, the same text, cheaper: json.dumps builds a new
+    JSONEncoder per call when given ``default``, and JSONEncoder.encode a new C encoder; this
+    builds only the C encoder, with a fresh circular-reference memo as json.dumps does (a shared
+    one is not thread-safe). Arguments as in json.encoder.JSONEncoder.iterencode's defaults."""
+    if c_make_encoder is None:  # interpreter without the _json accelerator
+        return json.dumps(obj, default=default)
+    encode = c_make_encoder({}, default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    return "".join(encode(obj, 0))
 
 
 class _PriorityJSONRenderer:
-    """JSON renderer that prefixes the journald priority of the event's level."""
+    """JSON renderer that prefixes the journald priority of the event's level.
 
-    def __init__(self) -> None:
-        self._json = structlog.processors.JSONRenderer(serializer=_dumps)
+    The text of structlog's ``JSONRenderer()`` (same fallback for objects JSON has no type for)."""
 
     def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> str:
         prefix = _PRIORITY_PREFIX.get(event_dict.get("level", ""), _DEFAULT_PREFIX)
-        return prefix + str(self._json(logger, name, event_dict))
+        return prefix + _dumps(event_dict, default=_json_fallback)
+
+
+def _own_json_fallback(obj: Any) -> Any:
+    """What structlog's JSONRenderer does with an object JSON has no type for."""
+    try:
+        return obj.__structlog__()
+    except AttributeError:
+        return repr(obj)
+
+
+# JSONRenderer's own default where this structlog has it (a private name: never fail on its absence).
+_json_fallback: Callable[[Any], Any] = getattr(structlog.processors, "_json_fallback_handler", _own_json_fallback)
+
+
+class _UTCStamper:
+    """``TimeStamper(fmt="iso", utc=True)`` with the same text, rendering the date and time once
+    per second: ``datetime.now(utc).isoformat()`` with "+00:00" as "Z", whose microseconds are
+    left out when they are 0 (datetime.now floors the system clock to microseconds, as here)."""
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")  # replaced whole: threads read a consistent pair
+
+    def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
+        event_dict["timestamp"] = self.render(time.time_ns())
+        return event_dict
+
+    def render(self, ns: int) -> str:
+        us = ns // 1000
+        second, micro = divmod(us, 1_000_000)
+        cached, text = self._second
+        if cached != second:
+            text = datetime.datetime.fromtimestamp(second, datetime.UTC).isoformat()[:-6]  # "+00:00"
+            self._second = (second, text)
+        return f"{text}.{micro:06d}Z" if micro else text + "Z"
 
 
 def _parse_level(level: str) -> int:
@@ -123,7 +243,7 @@ def _processors(fmt: str) -> list[Processor]:
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         _add_logger_name,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _UTCStamper(),
     ]
     if fmt == "console":
         # ConsoleRenderer formats exc_info itself (and warns if it was pre-formatted).
