@@ -11,69 +11,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import hpack
 import pytest
 from fake_runtime import FakeRuntime, ProxyUnderTest, grpc_request_headers, short_tempdir, sock
+from relay_pair import VERSION, Pair
 from structlog.testing import capture_logs
 
 from runtimeproxy.relay import frames, grpc_wire
-from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions
 from runtimeproxy.relay.grpc_wire import encode_message
-from runtimeproxy.relay.interceptor import PassThrough
-from runtimeproxy.relay.methods import MethodInfo, MethodTable
 
-VERSION = "/runtime.v1.RuntimeService/Version"
 BDP_PING = bytes.fromhex("02 04 10 10 09 0e 07 07")  # grpc-go's BDP ping payload
-
-
-class CountingTransport:
-    """An asyncio transport stand-in that keeps what each write() or writelines() call
-    (one syscall each: a writev for writelines on uvloop) passed."""
-
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-
-    def write(self, data: bytes | memoryview) -> None:
-        self.writes.append(bytes(data))
-
-    def writelines(self, pieces: list[bytes | memoryview]) -> None:
-        self.writes.append(b"".join(pieces))
-
-    @property
-    def data(self) -> bytes:
-        return b"".join(self.writes)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
-class Pair:
-    """A RelayConnection with its backend connection settled and a counting transport each way."""
-
-    def __init__(self, max_message_size: int = 1 << 20) -> None:
-        self.observed: list[tuple[str, int]] = []
-        options = RelayOptions(Backends("/unused"), MethodTable(), PassThrough(), self._observe, max_message_size)
-        self.conn = RelayConnection(options, lambda _conn: None)
-        self.client, self.backend = CountingTransport(), CountingTransport()
-        self.conn.side_made(False, self.backend)  # type: ignore[arg-type]
-        self.conn.client_transport = self.conn.u2c.transport = self.client  # type: ignore[assignment]
-        self.conn.early = None
-        self.conn.client_data(frames.PREFACE)
-        self.backend.writes.clear()
-        self.encoder = hpack.Encoder()
-
-    def _observe(self, method: MethodInfo, code: int, message: str, seconds: float, hooked: bool) -> None:
-        self.observed.append((method.path, code))
-
-    def request(self, sid: int, body: bytes = b"", *, end_headers: bool = True) -> bytes:
-        block = self.encoder.encode(grpc_request_headers(VERSION))
-        flags = frames.FLAG_END_HEADERS if end_headers else 0
-        return frames.frame(frames.HEADERS, flags, sid, block) + (
-            frames.frame(frames.DATA, frames.FLAG_END_STREAM, sid, encode_message(body)) if end_headers else b""
-        )
 
 
 def ping(payload: bytes, ack: bool = False) -> bytes:

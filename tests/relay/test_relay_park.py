@@ -1,0 +1,210 @@
+"""Parked frames: a write that can wait goes out with the next write towards that peer.
+
+A claimed call's HEADERS are of no use to the backend before the hooks release its DATA, and
+the relay's own flow-control credit (WINDOW_UPDATE) can wait for the next frame to its peer:
+both are parked instead of written, so a hooked call costs a write and a backend wake-up less.
+Parked bytes always go first (order never changes), at most ``PARK_DELAY`` later (a timer),
+and nothing is parked when the read writes other frames to that peer anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import hpack
+import pytest
+from relay_pair import VERSION, Pair, message
+
+from runtimeproxy.relay import connection, frames, grpc_wire
+from runtimeproxy.relay.grpc_wire import encode_message
+from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
+from runtimeproxy.relay.methods import MethodInfo
+
+LIST = "/runtime.v1.RuntimeService/ListContainers"
+
+
+class Gate:
+    """Claims Version calls; each ``before`` waits until the test answers it."""
+
+    def __init__(self) -> None:
+        self.waiting: asyncio.Queue[asyncio.Future[bytes]] = asyncio.Queue()
+
+    def intercepts(self, method: MethodInfo) -> bool:
+        return method.path == VERSION
+
+    async def before(self, call: CallContext, request: bytes) -> bytes:
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.waiting.put_nowait(answer)
+        return await answer
+
+    async def after(self, call: CallContext, request: bytes, outcome: CallOutcome) -> None:
+        return None
+
+
+@pytest.fixture
+def long_park(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a write may end a park in these tests, however slow the machine."""
+    monkeypatch.setattr(connection, "PARK_DELAY", 3600.0)
+
+
+async def turns(count: int = 5) -> None:
+    """Let the loop run ready callbacks and tasks (a hook task finishing, a due timer)."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def hooked_pair() -> tuple[Pair, Gate]:
+    gate = Gate()
+    return Pair(interceptor=gate), gate
+
+
+def credit(body: bytes) -> bytes:
+    """The relay's connection credit to the client for a held request of ``body``."""
+    return frames.window_update(0, len(encode_message(body)))
+
+
+def response(encoder: hpack.Encoder, sid: int, body: bytes) -> bytes:
+    head = encoder.encode([(":status", "200"), ("content-type", "application/grpc")])
+    trailers = encoder.encode([("grpc-status", "0")])
+    return (
+        frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS, sid, head)
+        + message(sid, body, end_stream=False)
+        + frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS | frames.FLAG_END_STREAM, sid, trailers)
+    )
+
+
+@pytest.mark.usefixtures("long_park")
+@pytest.mark.parametrize("one_read", [True, False], ids=["one-read", "headers-then-data"])
+async def test_a_claimed_call_reaches_the_backend_in_one_write_once_released(one_read: bool) -> None:
+    pair, gate = await hooked_pair()
+    headers, data = pair.headers(1), message(1, b"asked")
+    if one_read:
+        pair.conn.client_data(headers + data)
+    else:
+        pair.conn.client_data(headers)
+        pair.conn.client_data(data)
+    answer = await gate.waiting.get()
+    assert pair.backend.writes == []
+    assert pair.client.writes == []  # the relay's credit for the held DATA waits too
+    answer.set_result(b"changed")
+    await turns()
+    assert pair.backend.writes == [headers + message(1, b"changed")]
+    reply = response(hpack.Encoder(), 1, b"reply")
+    pair.conn.upstream_data(reply)
+    assert pair.client.writes == [credit(b"asked") + reply]
+    assert pair.observed == [(VERSION, grpc_wire.OK)]
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_a_refused_call_sends_its_parked_headers_then_the_reset_in_one_write() -> None:
+    pair, gate = await hooked_pair()
+    headers = pair.headers(1)
+    pair.conn.client_data(headers + message(1, b"asked"))
+    (await gate.waiting.get()).set_exception(RejectCall(grpc_wire.UNAVAILABLE, "no"))
+    await turns()
+    assert pair.backend.writes == [headers + frames.rst_stream(1, frames.CANCEL)]
+    status = grpc_wire.status_frame(1, grpc_wire.UNAVAILABLE, "no", trailers_only=True)
+    assert pair.client.writes == [credit(b"asked") + status]
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_a_client_reset_follows_the_parked_headers() -> None:
+    pair, gate = await hooked_pair()
+    headers = pair.headers(1)
+    pair.conn.client_data(headers + message(1, b"asked"))
+    answer = await gate.waiting.get()
+    reset = frames.rst_stream(1, frames.CANCEL)
+    pair.conn.client_data(reset)
+    assert pair.backend.writes == [headers + reset]
+    await turns()
+    assert answer.cancelled()  # the hook task went with the call
+    assert pair.backend.writes == [headers + reset]
+    assert pair.observed == [(VERSION, grpc_wire.CANCELLED)]
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_nothing_is_parked_when_the_read_writes_to_that_peer_anyway() -> None:
+    pair, gate = await hooked_pair()
+    claimed, other = pair.request(1, b"asked"), pair.request(3, path=LIST)
+    pair.conn.client_data(claimed + other)
+    claimed_headers = claimed[: -len(message(1, b"asked"))]
+    assert pair.backend.writes == [claimed_headers + other]
+    (await gate.waiting.get()).set_result(b"asked")
+    await turns()
+    assert pair.backend.writes[1:] == [message(1, b"asked")]
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_the_relays_credit_to_the_backend_waits_for_the_next_client_frames() -> None:
+    """DATA the backend sends on a call the relay ended is dropped and credited back."""
+    pair = Pair(max_message_size=10)
+    big = pair.request(1, b"x" * 11)
+    pair.conn.client_data(big)
+    assert len(pair.backend.writes) == 1  # the HEADERS and the RST_STREAM
+    late = message(1, b"late")
+    pair.conn.upstream_data(late)
+    assert pair.backend.writes[1:] == []
+    call = pair.request(3)
+    pair.conn.client_data(call)
+    assert pair.backend.writes[1:] == [frames.window_update(0, len(late) - frames.HEADER_LEN) + call]
+
+
+async def test_the_timer_sends_what_no_write_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection, "PARK_DELAY", 0.0)
+    pair, gate = await hooked_pair()
+    headers = pair.headers(1)
+    pair.conn.client_data(headers + message(1, b"asked"))
+    answer = await gate.waiting.get()
+    await turns()
+    assert pair.backend.writes == [headers]
+    assert pair.client.writes == [credit(b"asked")]
+    assert pair.conn.c2u.timer is None and pair.conn.u2c.timer is None
+    answer.set_result(b"asked")
+    await turns()
+    assert pair.backend.writes == [headers, message(1, b"asked")]
+
+
+async def test_a_write_stops_the_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection, "PARK_DELAY", 0.0)
+    pair, gate = await hooked_pair()
+    headers = pair.headers(1)
+    pair.conn.client_data(headers + message(1, b"asked"))
+    pair.conn.start_drain()  # a write towards the client, before the loop runs the timer
+    assert pair.conn.u2c.timer is None and pair.conn.c2u.timer is not None
+    (await gate.waiting.get()).set_result(b"asked")
+    await turns()
+    assert pair.client.writes == [credit(b"asked") + frames.goaway(frames.MAX_STREAM_ID)]
+    assert pair.backend.data == headers + message(1, b"asked")
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_close_with_parked_frames_writes_the_goaway_after_them_and_nothing_later() -> None:
+    pair, gate = await hooked_pair()
+    pair.conn.client_data(pair.request(1, b"asked"))
+    await gate.waiting.get()
+    pair.conn.close()
+    assert pair.client.writes == [credit(b"asked") + frames.goaway(1)]
+    assert pair.backend.writes == []  # the HEADERS of a call that is never sent on: dropped
+    assert pair.conn.c2u.timer is None and pair.conn.u2c.timer is None
+    pair.conn.side_lost(True, None)
+    await turns()
+    assert pair.client.writes == [credit(b"asked") + frames.goaway(1)]
+    assert pair.backend.writes == []
+
+
+@pytest.mark.usefixtures("long_park")
+@pytest.mark.parametrize("client_lost", [True, False], ids=["client-lost", "backend-lost"])
+async def test_connection_loss_with_parked_frames(client_lost: bool) -> None:
+    pair, gate = await hooked_pair()
+    pair.conn.client_data(pair.request(1, b"asked"))
+    answer = await gate.waiting.get()
+    (pair.client if client_lost else pair.backend).closed = True
+    pair.conn.side_lost(client_lost, None)
+    await turns()
+    assert answer.cancelled()
+    assert pair.conn.c2u.timer is None and pair.conn.u2c.timer is None
+    pair.conn.c2u.flush_parked()  # what a timer that survived would do: nothing is left to write
+    pair.conn.u2c.flush_parked()
+    assert pair.backend.writes == []
+    # The backend gone, the client is told at once, after the credit it was owed.
+    assert pair.client.writes == ([] if client_lost else [credit(b"asked") + frames.goaway(1)])
