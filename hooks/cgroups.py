@@ -83,6 +83,8 @@ import structlog
 from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.dispatch.merge import CgroupForm
 
+from .kernel_files import read_bytes
+
 __all__ = [
     "CGROUP_ROOT",
     "CONTAINER_DIR_FORMATS",
@@ -657,14 +659,7 @@ class CgroupFS:
         """The content of ``file``, surrounding whitespace stripped. OSError if it cannot be read
         (ELOOP: the file is a link)."""
         path = self._file_text(controller, parent, container_id, file)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        try:
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        return b"".join(chunks).decode("utf-8", errors="replace").strip()
+        return read_bytes(path, follow=False).decode("utf-8", errors="replace").strip()
 
     def write(
         self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None

@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from .kernel_files import read_bytes
+
 __all__ = [
     "DEFAULT_ROOT",
     "RESERVED_NAMES",
@@ -335,14 +337,7 @@ def _read(path: Path) -> str:
     """The file's ASCII text, newlines as text mode reads them, with plain read(2)s: a text-mode
     open costs an fstat, an ioctl and two lseeks more (``tasks`` is read at each container start)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        text = b"".join(chunks).decode("ascii")
+        text = read_bytes(path).decode("ascii")
     except (OSError, UnicodeDecodeError) as exc:
         raise ResctrlError(f"cannot read {path}: {exc}") from exc
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text

@@ -78,6 +78,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from ..cgroups import CgroupError, CgroupFS, CgroupVersion
+from ..kernel_files import read_bytes
 from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..resctrl import (
@@ -281,22 +282,12 @@ def plan_groups(info: ResctrlInfo, settings_for: SettingsFor, room: int) -> Resc
 
 def _read_ids(path: str) -> set[int]:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        data = read_bytes(path, follow=False)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ELOOP):
-            return set()  # the cgroup went away, or not a cgroup file
+            return set()  # the cgroup went away (ELOOP: a link, not a cgroup file)
         raise
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENODEV):
-            return set()
-        raise
-    finally:
-        os.close(fd)
-    return _parse_ids(b"".join(chunks).decode("ascii", "replace"))
+    return _parse_ids(data.decode("ascii", "replace"))
 
 
 def _parse_ids(text: str) -> set[int]:
