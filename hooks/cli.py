@@ -187,8 +187,9 @@ _resctrl_root_option = click.option(
     default=DEFAULT_DEREGISTER_GRACE,
     show_default=True,
     show_envvar=True,
-    help="Seconds served on SIGTERM after removing the registration: the proxy rescans its hook "
-    "config directory every 0.2 s and must notice before calls go unanswered.",
+    help="Seconds served on SIGTERM after removing the registration: the proxy sees the removal "
+    "through inotify at once, or at its next poll of its hook config directory (every 0.2 s) when "
+    "it cannot watch it, and must notice before calls go unanswered.",
 )
 @click.option(
     "--systemd-bus-address",

@@ -23,8 +23,9 @@ built-ins' and the server's are in ``hooks/data/default-policy.yaml`` (package d
 single source, saying where each value comes from), which ``builtin_defaults`` hands to each
 built-in plugin. docs/qos-classes.md describes every built-in key.
 
-``PolicyWatcher`` polls a policy file and reloads it when it changes; an invalid version is
-logged and the last good policy stays in force.
+``PolicyWatcher`` watches a policy file (inotify on its directory, polling when that cannot
+be) and reloads it when it changes; an invalid version is logged and the last good policy
+stays in force.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from typing import Any, Final
 
 import structlog
 import yaml
+
+from runtimeproxy.dirwatch import DirectoryChanges
 
 from . import data as _data
 from .settings import Invalid, SectionSettings, SettingsSpec, boolean, build, mapping, parsed_by, plain, seconds
@@ -316,12 +319,19 @@ def default_policy(specs: Specs | None = None) -> Policy:
 class PolicyWatcher:
     """The policy in ``path``, reloaded when the file changes; ``current`` is the policy in force.
 
-    The file is polled every ``poll_interval`` seconds and re-read when its (mtime, size,
-    inode) changes; replace it atomically (write, then rename) so no half-written version is
-    read. Each good version is read against ``specs`` (the plugins' settings) and laid over
-    ``base`` (default ``default_policy(specs)``): a key removed
-    from the file goes back to its default. ``on_change(policy)`` runs, on the event loop,
-    whenever ``current`` changes, including when ``start`` first reads the file.
+    The file is looked at (a stat) whenever inotify reports a change in its directory, which
+    covers an edit in place, a replacement by rename and a ConfigMap volume's ``..data``
+    symlink swap, and re-read when its (mtime, size, inode) changes; replace it atomically
+    (write, then rename) so no half-written version is read. ``poll_interval`` is the fallback:
+    it is polled that often while the directory cannot be watched (no inotify, out of watches,
+    no directory yet), and every ``runtimeproxy.dirwatch.SAFETY_NET_FACTOR`` times that while
+    watched, for what inotify cannot see (a symlinked file's target edited in another
+    directory, a bind mount).
+
+    Each good version is read against ``specs`` (the plugins' settings) and laid over
+    ``base`` (default ``default_policy(specs)``): a key removed from the file goes back to its
+    default. ``on_change(policy)`` runs, on the event loop, whenever ``current`` changes,
+    including when ``start`` first reads the file.
 
     Before ``start`` and while the file has never been readable, ``current`` is ``base``.
     An invalid version is logged once (file, YAML path, reason) and the last good policy
@@ -347,6 +357,7 @@ class PolicyWatcher:
         self._current = self._base
         self._seen: _FileKey | str | None = None  # the version last looked at, or why there was none
         self._task: asyncio.Task[None] | None = None
+        self._changes: DirectoryChanges | None = None  # while started
 
     @property
     def current(self) -> Policy:
@@ -406,11 +417,15 @@ class PolicyWatcher:
         return True
 
     async def start(self) -> None:
-        """Read the file once, then keep polling it in a background task until ``stop``."""
+        """Watch the file's directory, read the file once, then keep watching it in a background
+        task until ``stop``."""
         if self._task is not None:
             return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        self._changes = DirectoryChanges(directory, self.poll_interval, what="policy file directory", logger=log)
+        self._changes.open()  # before the read, so nothing changed in between goes unseen
         self.check()
-        self._task = asyncio.create_task(self._poll(), name="policy-watch")
+        self._task = asyncio.create_task(self._watch(self._changes), name="policy-watch")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -418,11 +433,14 @@ class PolicyWatcher:
             return
         task.cancel()
         await asyncio.wait({task})
+        if self._changes is not None:
+            self._changes.close()
+            self._changes = None
 
-    async def _poll(self) -> None:
+    async def _watch(self, changes: DirectoryChanges) -> None:
         while True:
-            await asyncio.sleep(self.poll_interval)
+            await changes.wait()
             try:
                 self.check()
-            except Exception:  # the watcher must outlive any surprise; the next poll retries
+            except Exception:  # the watcher must outlive any surprise; the next change or poll retries
                 log.exception("policy file check failed", path=self.path)

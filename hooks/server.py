@@ -28,9 +28,10 @@ are still within theirs. Failure policy Ignore means: when this server fails a c
 (including because of a "fail" plugin), the proxy goes on with the CRI call unchanged.
 
 **Stopping.** ``stop()`` removes the registration file first and keeps serving for
-``deregister_grace`` seconds: the proxy notices a removed file only at its next scan of the
-directory (every 0.2 s, runtimeproxy.dispatch.layer.DEFAULT_POLL_INTERVAL), and a call it
-starts before then must still be answered. Under failure policy Fail an unanswered call
+``deregister_grace`` seconds: the proxy notices a removed file at its next scan of the
+directory, at once through inotify or, when it cannot watch the directory, at its next poll
+(every 0.2 s, runtimeproxy.dispatch.layer.DEFAULT_POLL_INTERVAL), and a call it starts before
+then must still be answered. Under failure policy Fail an unanswered call
 would refuse the pod. Then it stops accepting calls, lets those in flight finish within
 ``stop_grace`` and runs the plugins' on_stop.
 

@@ -6,6 +6,10 @@ written and closed, or with changed attributes (a ``chmod`` or a ``touch``), and
 directory itself deleted, moved or unmounted. When that last kind happens the watch is over
 (``active`` turns False; the owner polls and arms a new one once the directory is back).
 
+``DirectoryChanges`` is that owner's loop, shared by the hook registry and the policy watcher:
+``await wait()`` returns whenever the directory is due a rescan (inotify saw a change; a
+safety-net interval passed; a poll interval passed while nothing watches the directory).
+
 inotify(7) and the kernel's ``include/uapi/linux/inotify.h`` give the layout read here: each
 record is ``struct inotify_event { __s32 wd; __u32 mask; __u32 cookie; __u32 len; char name[]; }``
 in native byte order, ``len`` counting the name's NUL terminator and padding NULs (0 when the
@@ -22,11 +26,11 @@ import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import structlog
 
-__all__ = ["WATCHED", "DirWatch", "InotifyEvent", "parse_events"]
+__all__ = ["SAFETY_NET_FACTOR", "WATCHED", "DirWatch", "DirectoryChanges", "InotifyEvent", "parse_events"]
 
 log = structlog.get_logger("runtimeproxy.dirwatch")
 
@@ -59,6 +63,11 @@ _LINUX = sys.platform.startswith("linux")
 _HEADER: Final = struct.Struct("=iIII")  # wd, mask, cookie, len: native order, no padding
 # Room for many records; the kernel needs only one header + NAME_MAX + 1 to return one.
 _READ_SIZE: Final = 64 * 1024
+#: While inotify watches the directory it is still rescanned this many poll intervals apart:
+#: inotify sees only changes made through the watched inode, not a bind mount or overlay
+#: swapped over the directory, nor the target of a symlinked file edited elsewhere, nor a
+#: network file system changed by another host.
+SAFETY_NET_FACTOR = 10
 
 
 @dataclass(frozen=True)
@@ -170,3 +179,82 @@ class DirWatch:
             log.warning("inotify read ended inside a record", directory=self.directory, bytes_left=rest)
         if any(event.mask & _WATCH_OVER for event in events) or not data:
             self.close()
+
+
+class DirectoryChanges:
+    """When ``directory`` is due a rescan: ``await wait()`` returns on an inotify change, after
+    ``SAFETY_NET_FACTOR`` poll intervals while watched, or after ``poll_interval`` while not.
+
+    Without a watch (inotify unavailable or out of watches, no directory yet, the directory
+    removed or moved) every ``wait`` tries to arm one; ``what`` names the directory in the log
+    lines, one warning per distinct cause and one line when it is watched again, logged by
+    ``logger`` (the owner's, so the lines name it). Use on one event loop; ``close`` ends the watch.
+    """
+
+    def __init__(self, directory: str, poll_interval: float, *, what: str, logger: Any = log) -> None:
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be > 0, got {poll_interval!r}")
+        self.directory = directory
+        self.poll_interval = poll_interval
+        self.what = what
+        self._log = logger
+        self._watch: DirWatch | None = None
+        self._changed = asyncio.Event()  # set by the watch: rescan
+        self._problem: str | None = None  # why there is no watch; logged once per cause
+
+    @property
+    def watching(self) -> bool:
+        return self._watch is not None and self._watch.active
+
+    def open(self) -> bool:
+        """Arm the watch now (call before the first scan, so nothing changed in between goes
+        unseen); False, logged, if it cannot be: ``wait`` polls meanwhile and tries again."""
+        return self.watching or self._arm()
+
+    async def wait(self) -> None:
+        """Until a rescan is due. A watch armed here returns at once: whatever changed while
+        nothing watched. The flag is cleared before the caller rescans, so a change seen
+        during the rescan makes the next ``wait`` return at once."""
+        if not self.watching and self._arm():
+            return
+        if self.watching:
+            try:
+                async with asyncio.timeout(self.poll_interval * SAFETY_NET_FACTOR):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+        else:
+            await asyncio.sleep(self.poll_interval)
+        self._changed.clear()
+
+    def close(self) -> None:
+        """End the watch; safe to call again (a later ``wait`` arms a new one)."""
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
+
+    def _arm(self) -> bool:
+        if self._watch is not None:  # its watch ended: the directory went away or moved
+            self._watch = None
+            self._no_watch("the directory was removed, moved or unmounted")
+        watch = DirWatch(self.directory, self._changed.set)
+        try:
+            watch.open()
+        except OSError as exc:
+            self._no_watch(exc.strerror or str(exc))
+            return False
+        self._watch = watch
+        if self._problem is not None:
+            self._log.info(f"{self.what} watched again", directory=self.directory)
+            self._problem = None
+        return True
+
+    def _no_watch(self, problem: str) -> None:
+        if problem != self._problem:
+            self._log.warning(
+                f"{self.what} not watched; polling it",
+                directory=self.directory,
+                error=problem,
+                poll_interval_s=self.poll_interval,
+            )
+            self._problem = problem

@@ -17,8 +17,9 @@ from runtimeproxy.metrics import StoreMetrics
 
 #: kubelet's pod cgroups: cgroupfs driver, systemd driver. runtime-hooks uses the same default.
 DEFAULT_CGROUP_ROOTS = ("/kubepods", "kubepods.slice")
-#: How often the hook config directory is scanned; a hook server that unregisters keeps
-#: serving a few of these (runtime-hooks --deregister-grace) so the proxy notices first.
+#: How often the hook config directory is polled when inotify cannot watch it (and, times
+#: dirwatch.SAFETY_NET_FACTOR, when it can); a hook server that unregisters keeps serving a
+#: few of these (runtime-hooks --deregister-grace) so the proxy notices first either way.
 DEFAULT_POLL_INTERVAL = 0.2
 
 

@@ -34,10 +34,11 @@ scan); a dangling symlink counts as no file, with one line saying so. Reading an
 run in a worker thread, so a slow disk never stalls the event loop, and each poll catches
 whatever escapes, logged once per distinct error, so the next poll still applies changes.
 
-The directory is rescanned when inotify says something in it changed (`runtimeproxy.dirwatch`),
-and every `SAFETY_NET_FACTOR` poll intervals besides. Without a watch (inotify unavailable or
-out of watches, no directory yet, the directory removed or moved) it is polled every poll
-interval, as before inotify, and watched again as soon as that works.
+The directory is rescanned when inotify says something in it changed, and every
+`SAFETY_NET_FACTOR` poll intervals (2 s by default) besides. Without a watch (inotify
+unavailable or out of watches, no directory yet, the directory removed or moved) it is polled
+every poll interval, as before inotify, and watched again as soon as that works
+(`runtimeproxy.dirwatch.DirectoryChanges`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from typing import Any
 
 import structlog
 
-from runtimeproxy.dirwatch import DirWatch
+from runtimeproxy.dirwatch import SAFETY_NET_FACTOR, DirectoryChanges
 from runtimeproxy.dispatch.hookpoints import HookPoint, parse_hook_point
 
 __all__ = [
@@ -82,11 +83,6 @@ _MAX_SOCKET_PATH = 107
 # A registration is a few hundred bytes; a file this big is not one (and must not be read whole).
 MAX_CONFIG_BYTES = 1 << 20
 _READ_CHUNK = 64 * 1024
-#: While inotify watches the directory it is still rescanned this many poll intervals apart
-#: (2 s by default): inotify sees only changes made through the watched inode, not a bind
-#: mount or overlay swapped over the directory, nor the target of a symlinked file edited
-#: elsewhere, nor a network file system changed by another host.
-SAFETY_NET_FACTOR = 10
 
 
 class FailurePolicy(enum.StrEnum):
@@ -349,9 +345,7 @@ class HookRegistry:
         self._directory_problem: str | None = None  # logged once until the directory is back
         self._scan_problem: str | None = None  # logged once until a scan works again
         self._task: asyncio.Task[None] | None = None
-        self._watch: DirWatch | None = None
-        self._changed = asyncio.Event()  # set by the watch: rescan
-        self._watch_problem: str | None = None  # why there is no watch; logged once per cause
+        self._watch: DirectoryChanges | None = None  # while started
 
     def servers_for(self, point: HookPoint) -> list[HookServer]:
         """The servers registered for ``point``, in (index, file name) order."""
@@ -375,9 +369,10 @@ class HookRegistry:
         tried at the next change or poll."""
         if self._task is not None:
             return
-        self._arm()  # before the scan, so nothing changed in between goes unseen
+        self._watch = DirectoryChanges(self.directory, self.poll_interval, what="hook config directory", logger=log)
+        self._watch.open()  # before the scan, so nothing changed in between goes unseen
         await self._poll_once()
-        self._task = asyncio.create_task(self._watch_loop(), name="hook-registry-watch")
+        self._task = asyncio.create_task(self._watch_loop(self._watch), name="hook-registry-watch")
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -389,57 +384,13 @@ class HookRegistry:
             self._watch.close()
             self._watch = None
 
-    async def _watch_loop(self) -> None:
+    async def _watch_loop(self, changes: DirectoryChanges) -> None:
         while True:
-            if not self._watching() and self._arm():
-                await self._poll_once()  # whatever changed while nothing watched
-            await self._wait_for_change()
+            await changes.wait()
             await self._poll_once()
 
     def _watching(self) -> bool:
-        return self._watch is not None and self._watch.active
-
-    async def _wait_for_change(self) -> None:
-        """Until the watch reports a change, or a poll interval (safety net: SAFETY_NET_FACTOR
-        of them) has passed. The flag is cleared before the rescan, so a change seen during the
-        rescan triggers another."""
-        if self._watching():
-            try:
-                async with asyncio.timeout(self.poll_interval * SAFETY_NET_FACTOR):
-                    await self._changed.wait()
-            except TimeoutError:
-                pass
-        else:
-            await asyncio.sleep(self.poll_interval)
-        self._changed.clear()
-
-    def _arm(self) -> bool:
-        """Watch the directory with inotify; False if that cannot be done now, with one
-        warning per distinct cause (the caller polls meanwhile and tries again)."""
-        if self._watch is not None:  # its watch ended: the directory went away or moved
-            self._watch = None
-            self._no_watch("the directory was removed, moved or unmounted")
-        watch = DirWatch(self.directory, self._changed.set)
-        try:
-            watch.open()
-        except OSError as exc:
-            self._no_watch(exc.strerror or str(exc))
-            return False
-        self._watch = watch
-        if self._watch_problem is not None:
-            log.info("hook config directory watched again", directory=self.directory)
-            self._watch_problem = None
-        return True
-
-    def _no_watch(self, problem: str) -> None:
-        if problem != self._watch_problem:
-            log.warning(
-                "hook config directory not watched; polling it",
-                directory=self.directory,
-                error=problem,
-                poll_interval_s=self.poll_interval,
-            )
-            self._watch_problem = problem
+        return self._watch is not None and self._watch.watching
 
     async def _poll_once(self) -> None:
         try:

@@ -14,8 +14,8 @@ from typing import Any, NoReturn
 import pytest
 from structlog.testing import capture_logs
 
+from runtimeproxy import dirwatch
 from runtimeproxy.dirwatch import DirWatch
-from runtimeproxy.dispatch import registry as registry_module
 from runtimeproxy.dispatch.registry import HookRegistry, HookServer
 
 SOCK = "/var/run/koordlet/koordlet.sock"
@@ -109,7 +109,7 @@ async def test_without_inotify_it_polls_and_logs_the_cause_once(
 async def test_missing_directory_is_polled_then_watched_once_created(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(registry_module, "SAFETY_NET_FACTOR", NEVER)  # once watched, only inotify tells
+    monkeypatch.setattr(dirwatch, "SAFETY_NET_FACTOR", NEVER)  # once watched, only inotify tells
     directory = tmp_path / "hookserver.d"
     with capture_logs() as logs:
         async with running(directory, QUICK) as (registry, changes):
@@ -128,7 +128,7 @@ async def test_missing_directory_is_polled_then_watched_once_created(
 async def test_directory_removed_or_moved_then_recreated(
     tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(registry_module, "SAFETY_NET_FACTOR", NEVER)
+    monkeypatch.setattr(dirwatch, "SAFETY_NET_FACTOR", NEVER)
     directory = tmp_path / "hookserver.d"
     directory.mkdir()
     (directory / "a.json").write_text(config())
