@@ -18,11 +18,11 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 
 from runtimeproxy import trace
 from runtimeproxy.dispatch.hookpoints import HookPoint
-from runtimeproxy.metrics import DURATION_BUCKETS
+from runtimeproxy.metrics import CallCollector, CallFamilies
 
 from . import policy as policy_mod
 from .changes import HookResponse
@@ -52,25 +52,39 @@ Outcome = Literal["ok", "error", "timeout", "invalid", "busy"]
 _Called = tuple[Outcome, str, Any]
 
 
+_PLUGIN_FAMILIES = CallFamilies(
+    "runtimeproxy_hooks_plugin_calls",
+    "Plugin handler calls, by plugin, hook point (or start/stop/reconcile) and outcome "
+    "(ok, error, timeout, invalid, busy).",
+    "runtimeproxy_hooks_plugin_call_duration_seconds",
+    "Time a plugin handler took (up to its timeout), by plugin and hook point.",
+    ("plugin", "hook"),
+    "outcome",
+)
+
+
+def _plugin_hook(key: tuple[str, str]) -> tuple[str, str]:
+    return key
+
+
+def _outcome(outcome: Outcome) -> str:
+    return outcome
+
+
 class PluginMetrics:
-    """Per plugin and hook point: calls by outcome, and their duration."""
+    """Per plugin and hook point: calls by outcome, and their duration; overwrites by field.
+
+    ``calls`` (counter and histogram) is recorded once per plugin per hook call, so it is a
+    lock-free collector (runtimeproxy.metrics.CallCollector): only the runner's event loop
+    records (PluginRunner._call, also for sync handlers, after their thread is done) and
+    scrapes read it from the metrics server's thread. Overwrites are rare: a plain Counter.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         reg = CollectorRegistry(auto_describe=True) if registry is None else registry
         self.registry = reg
-        self.calls = Counter(
-            "runtimeproxy_hooks_plugin_calls",
-            "Plugin handler calls, by plugin, hook point (or start/stop/reconcile) and outcome "
-            "(ok, error, timeout, invalid, busy).",
-            ["plugin", "hook", "outcome"],
-            registry=reg,
-        )
-        self.duration = Histogram(
-            "runtimeproxy_hooks_plugin_call_duration_seconds",
-            "Time a plugin handler took (up to its timeout), by plugin and hook point.",
-            ["plugin", "hook"],
-            buckets=DURATION_BUCKETS,
-            registry=reg,
+        self.calls: CallCollector[tuple[str, str], Outcome] = CallCollector(
+            reg, _PLUGIN_FAMILIES, _plugin_hook, _outcome
         )
         self.overwrites = Counter(
             "runtimeproxy_hooks_plugin_overwrites",
@@ -79,17 +93,9 @@ class PluginMetrics:
             ["field"],
             registry=reg,
         )
-        # Per (plugin, hook, outcome): the two metrics' children, few (plugins x points x outcomes).
-        self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def record(self, plugin: str, hook: str, outcome: Outcome, seconds: float) -> None:
-        key = (plugin, hook, outcome)
-        children = self._children.get(key)
-        if children is None:  # labels() takes a lock and checks its values: once per combination
-            count = self.calls.labels(plugin=plugin, hook=hook, outcome=outcome)
-            children = self._children[key] = (count, self.duration.labels(plugin=plugin, hook=hook))
-        children[0].inc()
-        children[1].observe(seconds)
+        self.calls.record((plugin, hook), outcome, seconds)
 
 
 @dataclass(frozen=True)
@@ -448,7 +454,7 @@ class PluginRunner:
             called = await self._call_async(plugin, handler, kwargs)
         else:
             called = await self._call_sync(plugin, handler, kwargs)
-        self.metrics.record(plugin.name, hook, called[0], time.perf_counter() - started)
+        self.metrics.calls.record((plugin.name, hook), called[0], time.perf_counter() - started)
         if trace.ON:  # bench/pod_timeline.py: each plugin's part of a hook call
             trace.event(
                 "hooks.plugin", plugin=plugin.name, hook=hook, outcome=called[0], seconds=time.perf_counter() - started

@@ -9,9 +9,9 @@ import socketserver
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, make_wsgi_app
@@ -23,6 +23,8 @@ from runtimeproxy.relay.grpc_wire import code_name
 
 __all__ = [
     "DURATION_BUCKETS",
+    "CallCollector",
+    "CallFamilies",
     "CallMetrics",
     "MetricsServer",
     "StoreMetrics",
@@ -38,7 +40,7 @@ DURATION_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
-# The two call families, exported exactly as prometheus_client's Counter and Histogram
+# The proxy's two call families, exported exactly as prometheus_client's Counter and Histogram
 # with these arguments export them (names, help, labels, buckets, _created).
 CALLS_NAME = "runtimeproxy_cri_calls"
 CALLS_HELP = "CRI calls relayed, by method and gRPC status code name."
@@ -47,46 +49,141 @@ DURATION_HELP = "Time from receiving a CRI call to sending its status, by method
 _BOUNDS: tuple[float, ...] = (*DURATION_BUCKETS, INF)
 _BUCKET_LABELS: tuple[str, ...] = tuple(floatToGoString(b) for b in _BOUNDS)  # type: ignore[no-untyped-call]
 
+K = TypeVar("K", bound=Hashable)
+E = TypeVar("E", bound=Hashable)
 
-class _MethodSeries:
-    """One method's counts by status code and its duration histogram (non-cumulative buckets)."""
 
-    __slots__ = ("buckets", "code_created", "codes", "created", "total")
+@dataclass(frozen=True)
+class CallFamilies:
+    """What a :class:`CallCollector` exports: Counter ``calls_name{*labels, extra}`` and Histogram
+    ``duration_name{*labels}`` (buckets DURATION_BUCKETS), as prometheus_client names them."""
+
+    calls_name: str
+    calls_help: str
+    duration_name: str
+    duration_help: str
+    labels: tuple[str, ...]
+    extra: str
+
+    def counter(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.calls_name, self.calls_help, labels=(*self.labels, self.extra))
+
+    def histogram(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.duration_name, self.duration_help, labels=self.labels)
+
+
+class _Series(Generic[E]):
+    """One key's counts by extra label value and its duration histogram (non-cumulative buckets)."""
+
+    __slots__ = ("buckets", "created", "extra_created", "extras", "total")
 
     def __init__(self, created: float) -> None:
-        self.codes: dict[int, int] = {}
-        self.code_created: dict[int, float] = {}
+        self.extras: dict[E, int] = {}
+        self.extra_created: dict[E, float] = {}
         self.buckets = [0] * len(_BOUNDS)
         self.total = 0.0
         self.created = created
 
 
-class CallMetrics:
-    """The proxy's call metrics, registered in ``registry`` (default: the global one).
+class CallCollector(Generic[K, E]):
+    """A call counter and duration histogram over plain dicts and lists, registered in ``registry``.
 
-    Registering twice in one registry raises ValueError (duplicated timeseries), so build
-    one instance per registry. ``method`` labels should come from a bounded set (the CRI
-    method names), not from arbitrary client input.
+    Each call is recorded under a key (the histogram's label values, given by ``key_labels``)
+    and one extra value (the counter's last label, given by ``extra_label``, which must map
+    distinct values to distinct strings). Keys and extras should come from bounded sets.
 
-    The call counter and duration histogram are a collector over plain dicts and lists:
-    ``record`` runs on the event loop for every relayed call, and prometheus_client's
-    Counter and Histogram take a lock per increment (three per call). Only the event loop
+    prometheus_client's Counter and Histogram take a lock per increment (three per call), and
+    ``record`` runs for every relayed call or plugin call. Only one thread (the event loop)
     writes; a scrape (the metrics server's thread) reads without locking: it copies each
     container in one C-level call, which the GIL makes atomic, and reads ints and floats,
-    which are replaced whole. Entries are published before the list that names them, so
-    a scrape never sees a name without its series. A scrape racing a call may see its
-    bucket counted and not yet its sum (prometheus_client is no more atomic across the two).
+    which are replaced whole. Entries are published before the list that names them, so a
+    scrape never sees a name without its series. A scrape racing a call may see its bucket
+    counted and not yet its sum (prometheus_client is no more atomic across the two).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        families: CallFamilies,
+        key_labels: Callable[[K], tuple[str, ...]],
+        extra_label: Callable[[E], str],
+    ) -> None:
+        self._families = families
+        self._key_labels = key_labels
+        self._extra_label = extra_label
+        self._series: dict[K, _Series[E]] = {}
+        # (key, extra) in the order each was first recorded: the counter's sample order.
+        self._extra_order: list[tuple[K, E]] = []
+        registry.register(self)
+
+    def record(self, key: K, extra: E, seconds: float) -> None:
+        """Count one finished call and observe its duration."""
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _Series(time.time())
+        try:
+            series.extras[extra] += 1
+        except KeyError:
+            self._first_of_extra(key, series, extra)
+        if seconds <= INF:  # NaN goes in no bucket (nor _count), as in Histogram.observe
+            series.buckets[bisect_left(_BOUNDS, seconds)] += 1
+        series.total += seconds
+
+    def _first_of_extra(self, key: K, series: _Series[E], extra: E) -> None:
+        series.extra_created[extra] = time.time()
+        series.extras[extra] = 1
+        self._extra_order.append((key, extra))  # last: a scrape finds the series complete
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples: what the registry checks for duplicate names."""
+        yield self._families.counter()
+        yield self._families.histogram()
+
+    def collect(self) -> Iterator[Metric]:
+        """Called from the scraping thread; see the class comment for why no lock is needed."""
+        order = list(self._extra_order)  # before the series: each key in it has its series
+        series = dict(self._series)
+        # Whether Counter and Histogram export _created now (PROMETHEUS_DISABLE_CREATED_SERIES,
+        # disable_created_metrics()): prometheus_client keeps it in this module variable.
+        created = bool(getattr(prometheus_metrics, "_use_created", True))
+        calls = self._families.counter()
+        for key, extra in order:
+            one = series[key]
+            stamp = one.extra_created[extra] if created else None
+            calls.add_metric((*self._key_labels(key), self._extra_label(extra)), float(one.extras[extra]), stamp)
+        yield calls
+        duration, names = self._families.histogram(), self._families.labels
+        stamp_name = self._families.duration_name + "_created"
+        for key, one in series.items():
+            labels = self._key_labels(key)
+            buckets, total = list(one.buckets), one.total
+            duration.add_metric(labels, list(zip(_BUCKET_LABELS, _cumulative(buckets), strict=True)), total)
+            if created:
+                duration.add_sample(stamp_name, dict(zip(names, labels, strict=True)), one.created)
+        yield duration
+
+
+def _method_labels(method: str) -> tuple[str]:
+    return (method,)
+
+
+_CRI_FAMILIES = CallFamilies(CALLS_NAME, CALLS_HELP, DURATION_NAME, DURATION_HELP, ("method",), "code")
+
+
+class CallMetrics(CallCollector[str, int]):
+    """The proxy's call metrics, registered in ``registry`` (default: the global one).
+
+    ``record(method, code, seconds)`` counts a call by method and gRPC status code (exported
+    by name) and observes its duration, without locks (see CallCollector). Registering twice
+    in one registry raises ValueError (duplicated timeseries), so build one instance per
+    registry. ``method`` labels should come from a bounded set (the CRI method names), not
+    from arbitrary client input.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         reg = REGISTRY if registry is None else registry
-        self._series: dict[str, _MethodSeries] = {}
-        # (method, code) in the order each was first recorded: the counter's sample order.
-        self._code_order: list[tuple[str, int]] = []
-        reg.register(self)
-        self.in_flight = Gauge(
-            "runtimeproxy_cri_calls_in_flight", "CRI calls currently being relayed.", registry=reg
-        )
+        super().__init__(reg, _CRI_FAMILIES, _method_labels, code_name)
+        self.in_flight = Gauge("runtimeproxy_cri_calls_in_flight", "CRI calls currently being relayed.", registry=reg)
         self.connections = Gauge(
             "runtimeproxy_connections",
             "Open connections: side=client (from kubelet and others) or backend (to the runtime).",
@@ -95,50 +192,6 @@ class CallMetrics:
         )
         self.client_connections = self.connections.labels(side="client")
         self.backend_connections = self.connections.labels(side="backend")
-
-    def record(self, method: str, code: int, seconds: float) -> None:
-        """Count one finished call and observe its duration."""
-        series = self._series.get(method)
-        if series is None:
-            series = self._series[method] = _MethodSeries(time.time())
-        try:
-            series.codes[code] += 1
-        except KeyError:
-            self._first_of_code(method, series, code)
-        if seconds <= INF:  # NaN goes in no bucket (nor _count), as in Histogram.observe
-            series.buckets[bisect_left(_BOUNDS, seconds)] += 1
-        series.total += seconds
-
-    def _first_of_code(self, method: str, series: _MethodSeries, code: int) -> None:
-        series.code_created[code] = time.time()
-        series.codes[code] = 1
-        self._code_order.append((method, code))  # last: a scrape finds the series complete
-
-    def describe(self) -> Iterator[Metric]:
-        """The families without samples: what the registry checks for duplicate names."""
-        yield CounterMetricFamily(CALLS_NAME, CALLS_HELP, labels=("method", "code"))
-        yield HistogramMetricFamily(DURATION_NAME, DURATION_HELP, labels=("method",))
-
-    def collect(self) -> Iterator[Metric]:
-        """Called from the scraping thread; see the class comment for why no lock is needed."""
-        order = list(self._code_order)  # before the series: each name in it has its series
-        series = dict(self._series)
-        # Whether Counter and Histogram export _created now (PROMETHEUS_DISABLE_CREATED_SERIES,
-        # disable_created_metrics()): prometheus_client keeps it in this module variable.
-        created = bool(getattr(prometheus_metrics, "_use_created", True))
-        calls = CounterMetricFamily(CALLS_NAME, CALLS_HELP, labels=("method", "code"))
-        for method, code in order:
-            one = series[method]
-            stamp = one.code_created[code] if created else None
-            calls.add_metric((method, code_name(code)), float(one.codes[code]), stamp)
-        yield calls
-        duration = HistogramMetricFamily(DURATION_NAME, DURATION_HELP, labels=("method",))
-        for method, one in series.items():
-            buckets, total = list(one.buckets), one.total
-            duration.add_metric((method,), list(zip(_BUCKET_LABELS, _cumulative(buckets), strict=True)), total)
-            if created:
-                duration.add_sample(DURATION_NAME + "_created", {"method": method}, one.created)
-        yield duration
 
 
 def _cumulative(counts: list[int]) -> list[float]:

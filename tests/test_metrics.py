@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from runtimeproxy.hooks.runner import Outcome, PluginMetrics
 
 from runtimeproxy.metrics import (
     DURATION_BUCKETS,
@@ -188,6 +189,112 @@ def test_created_series_follow_prometheus_switch(created: bool) -> None:
             assert (b"_created" in ours) is created
     finally:
         prometheus_client.enable_created_metrics()
+
+
+class ReferencePluginMetrics:
+    """runtime-hooks' plugin metrics as prometheus_client's Counters and Histogram (before the
+    lock-free collector): what PluginMetrics' exposition must stay equal to."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "runtimeproxy_hooks_plugin_calls",
+            "Plugin handler calls, by plugin, hook point (or start/stop/reconcile) and outcome "
+            "(ok, error, timeout, invalid, busy).",
+            ["plugin", "hook", "outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "runtimeproxy_hooks_plugin_call_duration_seconds",
+            "Time a plugin handler took (up to its timeout), by plugin and hook point.",
+            ["plugin", "hook"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.overwrites = Counter(
+            "runtimeproxy_hooks_plugin_overwrites",
+            "Values one plugin set that a later plugin replaced in the same hook call, by field "
+            "(a map's name for its entries: annotations, labels, env, resources.unified).",
+            ["field"],
+            registry=registry,
+        )
+
+    def record(self, plugin: str, hook: str, outcome: Outcome, seconds: float) -> None:
+        self.calls.labels(plugin=plugin, hook=hook, outcome=outcome).inc()
+        self.duration.labels(plugin=plugin, hook=hook).observe(seconds)
+
+
+_PluginCall = tuple[str, str, Outcome, float]
+
+
+def plugin_expositions(calls: list[_PluginCall], overwrites: list[str]) -> list[tuple[bytes, bytes]]:
+    """(ours, reference) in the Prometheus text format and in OpenMetrics, after ``calls``."""
+    ours_registry, reference_registry = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
+    with mock.patch("time.time", return_value=1_700_000_000.25):  # equal _created stamps
+        ours, reference = PluginMetrics(ours_registry), ReferencePluginMetrics(reference_registry)
+        for call in calls:
+            ours.record(*call)
+            reference.record(*call)
+        for kind in overwrites:
+            ours.overwrites.labels(field=kind).inc()
+            reference.overwrites.labels(field=kind).inc()
+    return [
+        (generate(ours_registry), generate(reference_registry)) for generate in (generate_latest, generate_openmetrics)
+    ]
+
+
+_plugin_calls = st.lists(
+    st.tuples(
+        st.sampled_from(["cpu", "memory", "resctrl", 'x"y\\z\n', ""]),
+        st.sampled_from(["PreRunPodSandbox", "PreCreateContainer", "PostStartContainer", "start", "reconcile"]),
+        st.sampled_from(["ok", "error", "timeout", "invalid", "busy"]),
+        st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([*DURATION_BUCKETS, 0.0, -0.0]),
+    ),
+    max_size=40,
+)
+
+
+@given(calls=_plugin_calls, overwrites=st.lists(st.sampled_from(["annotations", "env", "resources.unified"])))
+def test_plugin_exposition_equals_prometheus_counter_and_histogram(
+    calls: list[_PluginCall], overwrites: list[str]
+) -> None:
+    for ours, reference in plugin_expositions(calls, overwrites):
+        assert ours == reference
+
+
+@pytest.mark.parametrize("created", [False, True])
+def test_plugin_created_series_follow_prometheus_switch(created: bool) -> None:
+    calls: list[_PluginCall] = [("cpu", "PreCreateContainer", "ok", 0.0003), ("cpu", "PreCreateContainer", "busy", 2.0)]
+    if not created:
+        prometheus_client.disable_created_metrics()
+    try:
+        for ours, reference in plugin_expositions(calls, ["env"]):
+            assert ours == reference
+            assert (b"_created" in ours) is created
+    finally:
+        prometheus_client.enable_created_metrics()
+
+
+def test_plugin_metrics_count_by_plugin_hook_and_outcome(registry: CollectorRegistry) -> None:
+    m = PluginMetrics(registry)
+    m.record("cpu", "PreCreateContainer", "ok", 0.0004)
+    m.calls.record(("cpu", "PreCreateContainer"), "timeout", 1.0)  # the runner's direct path
+    m.record("memory", "PreCreateContainer", "ok", 0.002)
+    got = samples(registry)
+    calls = "runtimeproxy_hooks_plugin_calls_total"
+    assert got[key(calls, plugin="cpu", hook="PreCreateContainer", outcome="ok")] == 1
+    assert got[key(calls, plugin="cpu", hook="PreCreateContainer", outcome="timeout")] == 1
+    assert got[key(calls, plugin="memory", hook="PreCreateContainer", outcome="ok")] == 1
+    hist = "runtimeproxy_hooks_plugin_call_duration_seconds"
+    assert got[key(hist + "_count", plugin="cpu", hook="PreCreateContainer")] == 2
+    assert got[key(hist + "_sum", plugin="cpu", hook="PreCreateContainer")] == pytest.approx(1.0004)
+    assert got[key(hist + "_bucket", plugin="memory", hook="PreCreateContainer", le="0.0025")] == 1
+    assert got[key(hist + "_bucket", plugin="memory", hook="PreCreateContainer", le="0.001")] == 0
+
+
+def test_second_plugin_metrics_in_same_registry_fails(registry: CollectorRegistry) -> None:
+    PluginMetrics(registry)
+    with pytest.raises(ValueError, match="Duplicated"):
+        PluginMetrics(registry)
 
 
 def test_nan_duration_is_summed_but_in_no_bucket(registry: CollectorRegistry) -> None:
