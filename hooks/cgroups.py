@@ -52,7 +52,9 @@ version's file, and the ``set_*`` helpers write the right file in the right form
 
 A helper for a file the kernel does not have (``cpu.cfs_burst_us`` before Linux 5.14,
 ``cpu.bvt_warp_ns`` outside Anolis, ``memory.min`` on v1) raises :class:`CgroupUnsupported`;
-ask :meth:`CgroupFS.has_file` first to skip quietly.
+ask :meth:`CgroupFS.has_file` first to skip quietly, or read with :meth:`CgroupFS.read_if_exists`
+(None for such a file: one open instead of an lstat and an open, as kernel file syscalls are most
+of a pod-level hook call's cost). The helpers write first and look why only when a write fails.
 
 **systemd driver.** There systemd owns the pod slices and puts its own values back into them
 (docs/systemd.md). Every successful :meth:`CgroupFS.write` is shown to the handle's
@@ -364,6 +366,15 @@ def _format(value: str | int | bytes) -> bytes:
     raise TypeError(f"cgroup values are str, int or bytes, got {type(value).__name__}")
 
 
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace").strip()
+
+
+# Open/read errors meaning "no regular file there", as has_file's lstat would say: missing file or
+# cgroup (ENOENT, ENOTDIR), a link refused by O_NOFOLLOW (ELOOP), a directory (EISDIR from read).
+_ABSENT: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR})
+
+
 def _is_link(path: str) -> bool:
     """Whether ``path`` is a symlink (a missing path is not, as for os.path.realpath)."""
     try:
@@ -659,7 +670,19 @@ class CgroupFS:
         """The content of ``file``, surrounding whitespace stripped. OSError if it cannot be read
         (ELOOP: the file is a link)."""
         path = self._file_text(controller, parent, container_id, file)
-        return read_bytes(path, follow=False).decode("utf-8", errors="replace").strip()
+        return _text(read_bytes(path, follow=False))
+
+    def read_if_exists(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str | None:
+        """:meth:`read`, or None where :meth:`has_file` says False (no such file or cgroup, a link,
+        a directory): one open answers both, saving has_file's lstat per file. Other errors
+        (EACCES, EIO...) are raised as read raises them."""
+        path = self._file_text(controller, parent, container_id, file)
+        try:
+            return _text(read_bytes(path, follow=False))
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                return None
+            raise
 
     def write(
         self, controller: str, file: str, value: str | int | bytes, parent: str, container_id: str | None = None
@@ -732,6 +755,18 @@ class CgroupFS:
         self._require(controller, name, parent, container_id)
         return name
 
+    def _write_setting(
+        self, controller: str, setting: str, value: str | int, parent: str, container_id: str | None
+    ) -> None:
+        """Write ``setting``'s file; a failed write is explained first as :meth:`_require` would have
+        before it (no cgroup, no such file), so that check's lstat is paid only on failure."""
+        name = self.file_name(setting)
+        try:
+            self.write(controller, name, value, parent, container_id)
+        except (OSError, CgroupPathError):
+            self._require(controller, name, parent, container_id)
+            raise
+
     # -- cpu --
 
     def set_cpu_quota(self, parent: str, quota: int, period: int = 100000, container_id: str | None = None) -> None:
@@ -739,23 +774,32 @@ class CgroupFS:
         if period <= 0:
             raise ValueError(f"cpu period must be > 0 µs, got {period}")
         if self.version is CgroupVersion.V2:
-            name = self._setting("cpu", "cpu.quota", parent, container_id)
-            self.write("cpu", name, f"{quota if quota > 0 else 'max'} {period}", parent, container_id)
+            self._write_setting("cpu", "cpu.quota", f"{quota if quota > 0 else 'max'} {period}", parent, container_id)
             return
+        # The quota file is checked before the period is written: a missing one leaves both alone.
         quota_file = self._setting("cpu", "cpu.quota", parent, container_id)
-        period_file = self._setting("cpu", "cpu.period", parent, container_id)
         # Period first, as runc does: the quota is then checked against the period it will run with.
-        self.write("cpu", period_file, period, parent, container_id)
+        self._write_setting("cpu", "cpu.period", period, parent, container_id)
         self.write("cpu", quota_file, quota if quota > 0 else -1, parent, container_id)
 
     def cpu_quota(self, parent: str, container_id: str | None = None) -> tuple[int, int]:
         """(quota, period) in µs; quota -1 means no limit."""
+        text = self.read("cpu", self.file_name("cpu.quota"), parent, container_id)
+        return self._cpu_quota(text, parent, container_id)
+
+    def cpu_quota_if_present(self, parent: str, container_id: str | None = None) -> tuple[int, int] | None:
+        """:meth:`cpu_quota`, or None where the quota file is absent (see :meth:`read_if_exists`)."""
+        text = self.read_if_exists("cpu", self.file_name("cpu.quota"), parent, container_id)
+        return None if text is None else self._cpu_quota(text, parent, container_id)
+
+    def _cpu_quota(self, quota_text: str, parent: str, container_id: str | None) -> tuple[int, int]:
+        """(quota, period) from the quota file's content (v1: the period file is read too)."""
         if self.version is CgroupVersion.V2:
-            text = self.read("cpu", "cpu.max", parent, container_id).split()
+            text = quota_text.split()
             if len(text) != 2:
                 raise CgroupError(f"unexpected cpu.max content {' '.join(text)!r}")
             return (-1 if text[0] == "max" else int(text[0])), int(text[1])
-        quota = int(self.read("cpu", "cpu.cfs_quota_us", parent, container_id))
+        quota = int(quota_text)
         period = int(self.read("cpu", "cpu.cfs_period_us", parent, container_id))
         return (quota if quota > 0 else -1), period
 
@@ -763,9 +807,8 @@ class CgroupFS:
         """cpu.shares on v1; on v2 the equivalent cpu.weight (shares_to_weight)."""
         if not MIN_SHARES <= shares <= MAX_SHARES:
             raise ValueError(f"cpu shares must be {MIN_SHARES}..{MAX_SHARES}, got {shares}")
-        name = self._setting("cpu", "cpu.shares", parent, container_id)
         value = shares if self.version is CgroupVersion.V1 else shares_to_weight(shares)
-        self.write("cpu", name, value, parent, container_id)
+        self._write_setting("cpu", "cpu.shares", value, parent, container_id)
 
     def cpu_shares(self, parent: str, container_id: str | None = None) -> int:
         """cpu.shares on v1; on v2 the shares that cpu.weight stands for."""
@@ -776,20 +819,17 @@ class CgroupFS:
         """cpu.cfs_burst_us (v1) / cpu.max.burst (v2), Linux 5.14+; CgroupUnsupported on older kernels."""
         if burst_us < 0:
             raise ValueError(f"cpu burst must be >= 0 µs, got {burst_us}")
-        name = self._setting("cpu", "cpu.burst", parent, container_id)
-        self.write("cpu", name, burst_us, parent, container_id)
+        self._write_setting("cpu", "cpu.burst", burst_us, parent, container_id)
 
     def set_cpu_idle(self, parent: str, idle: bool, container_id: str | None = None) -> None:
         """cpu.idle (Linux 5.15+): an idle cgroup's tasks run as SCHED_IDLE."""
-        name = self._setting("cpu", "cpu.idle", parent, container_id)
-        self.write("cpu", name, 1 if idle else 0, parent, container_id)
+        self._write_setting("cpu", "cpu.idle", 1 if idle else 0, parent, container_id)
 
     def set_group_identity(self, parent: str, bvt_warp_ns: int, container_id: str | None = None) -> None:
         """cpu.bvt_warp_ns (-1..2), Anolis OS group identity; CgroupUnsupported elsewhere."""
         if not -1 <= bvt_warp_ns <= 2:
             raise ValueError(f"cpu.bvt_warp_ns must be -1..2, got {bvt_warp_ns}")
-        name = self._setting("cpu", "cpu.bvt_warp_ns", parent, container_id)
-        self.write("cpu", name, bvt_warp_ns, parent, container_id)
+        self._write_setting("cpu", "cpu.bvt_warp_ns", bvt_warp_ns, parent, container_id)
 
     # -- memory --
 
@@ -813,8 +853,7 @@ class CgroupFS:
                 continue
             if value < 0 and not (setting == "memory.high" and value == -1):
                 raise ValueError(f"{setting} must be >= 0 bytes, got {value}")
-            name = self._setting("memory", setting, parent, container_id)
-            self.write("memory", name, "max" if value == -1 else value, parent, container_id)
+            self._write_setting("memory", setting, "max" if value == -1 else value, parent, container_id)
 
     def set_memory_soft_limit(self, parent: str, soft_limit: int | None, container_id: str | None = None) -> None:
         """cgroup v1 memory.soft_limit_in_bytes; None removes the limit. CgroupUnsupported on v2."""
@@ -822,5 +861,5 @@ class CgroupFS:
             raise CgroupUnsupported("memory.soft_limit_in_bytes is a cgroup v1 file; use set_memory_protection")
         if soft_limit is not None and soft_limit < 0:
             raise ValueError(f"soft limit must be >= 0 bytes, got {soft_limit}")
-        name = self._setting("memory", "memory.soft_limit", parent, container_id)
-        self.write("memory", name, _V1_UNLIMITED if soft_limit is None else soft_limit, parent, container_id)
+        value = _V1_UNLIMITED if soft_limit is None else soft_limit
+        self._write_setting("memory", "memory.soft_limit", value, parent, container_id)

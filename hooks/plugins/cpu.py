@@ -117,6 +117,7 @@ __all__ = [
     "plan_container",
     "plan_pod",
     "plugin",
+    "pod_cgroup_ready",
     "reconcile_pods",
 ]
 
@@ -451,17 +452,16 @@ def plan_container(
 # --- applying -----------------------------------------------------------------------------------
 
 
-def _read_int(fs: CgroupFS, file: str, parent: str, container_id: str | None = None) -> int | None:
+def _to_int(text: str) -> int | None:
     try:
-        return int(fs.read("cpu", file, parent, container_id))
+        return int(text)
     except ValueError:
         return None
 
 
 def _quota_and_period(fs: CgroupFS, parent: str, container_id: str | None = None) -> tuple[int, int] | None:
     """The cgroup's (quota, period) now (quota -1: unlimited); None without the file. Read errors are raised."""
-    has_quota = fs.has_file("cpu", fs.file_name("cpu.quota"), parent, container_id)
-    return fs.cpu_quota(parent, container_id) if has_quota else None
+    return fs.cpu_quota_if_present(parent, container_id)
 
 
 def _current_quota(fs: CgroupFS, parent: str, container_id: str | None = None) -> int | None:
@@ -478,19 +478,30 @@ def ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool = Fa
     module doc; the memory plugin uses it for batch-memory limits); True if it was made.
     With ``dry_run`` nothing is created (a mkdir is no cgroup-file write a dry-run handle records).
     CgroupPathError for a bad parent, CgroupScopeError for one that is no pod's under the pod roots."""
+    return _ensure_pod_cgroup(fs, parent, log, dry_run=dry_run, controller=controller)[0]
+
+
+def pod_cgroup_ready(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool = False, controller: str = "cpu") -> bool:
+    """:func:`ensure_pod_cgroup`, answering whether the pod cgroup exists afterwards: the caller
+    need not stat it again."""
+    return _ensure_pod_cgroup(fs, parent, log, dry_run=dry_run, controller=controller)[1]
+
+
+def _ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool, controller: str) -> tuple[bool, bool]:
+    """(made, exists now) for ensure_pod_cgroup and pod_cgroup_ready."""
     target = fs.pod_path(controller, parent)
     if fs.exists(parent, None, controller):
-        return False
+        return False, True
     if dry_run:
         log.info("would create the missing pod cgroup", path=str(target))
-        return False
+        return False, False
     try:
         made = fs.create_pod_cgroup(parent, controller, log=log)
     except CgroupUnsupported as exc:
         log.warning("pod cgroup not created", path=str(target), error=str(exc))
-        return False
+        return False, False
     log.info("created missing pod cgroup", path=str(target))
-    return bool(made)
+    return bool(made), True
 
 
 def _write(what: str, log: Any, action: Any, *args: Any, **kwargs: Any) -> bool:
@@ -503,22 +514,29 @@ def _write(what: str, log: Any, action: Any, *args: Any, **kwargs: Any) -> bool:
 
 
 def apply_pod_plan(
-    fs: CgroupFS, plan: CpuPodPlan, log: Any, *, quota_now: tuple[int, int] | Literal["unread"] | None = "unread"
+    fs: CgroupFS,
+    plan: CpuPodPlan,
+    log: Any,
+    *,
+    quota_now: tuple[int, int] | Literal["unread"] | None = "unread",
+    exists: bool | None = None,
 ) -> list[str]:
     """Bring the pod cgroup to ``plan``: read each value, write only those that differ, skip
     files the kernel lacks. The settings written (quota, burst, idle, group_identity).
     ``quota_now``: the (quota, period) the caller has just read (None: no quota file), to save
-    reading it again; "unread": read it here."""
+    reading it again; "unread": read it here. ``exists``: whether the caller has just seen the
+    pod cgroup (None: look here)."""
     parent = plan.cgroup_parent
-    if not fs.exists(parent):
+    if not (fs.exists(parent) if exists is None else exists):
         log.debug("pod cgroup does not exist; nothing applied", cgroup_parent=parent)
         return []
     written: list[str] = []
 
     if quota_now == "unread":
         quota_now = _quota_and_period(fs, parent)
-    burst_file = fs.file_name("cpu.burst")
-    burst_now = _read_int(fs, burst_file, parent) if fs.has_file("cpu", burst_file, parent) else None
+    # Each file is read where it exists: one open answers both (read_if_exists).
+    burst_text = fs.read_if_exists("cpu", fs.file_name("cpu.burst"), parent)
+    burst_now = _to_int(burst_text) if burst_text is not None else None
 
     quota_to: tuple[int, int] | None = None
     if plan.cfs_quota is not None and quota_now is not None:
@@ -549,21 +567,22 @@ def apply_pod_plan(
         written.append("burst")
 
     shares_file = fs.file_name("cpu.shares")
-    if plan.cpu_shares is not None and fs.has_file("cpu", shares_file, parent):
+    shares_text = fs.read_if_exists("cpu", shares_file, parent) if plan.cpu_shares is not None else None
+    if plan.cpu_shares is not None and shares_text is not None:
         # Compared as the file holds it: on v2 a weight, which maps back to other shares.
         wanted = int(plan.files(fs.version)[shares_file])
-        if _read_int(fs, shares_file, parent) != wanted and _write(
-            "shares", log, fs.set_cpu_shares, parent, plan.cpu_shares
-        ):
+        if _to_int(shares_text) != wanted and _write("shares", log, fs.set_cpu_shares, parent, plan.cpu_shares):
             written.append("shares")
 
-    if plan.cpu_idle is not None and fs.has_file("cpu", "cpu.idle", parent):
-        idle_now = _read_int(fs, "cpu.idle", parent)
+    idle_text = fs.read_if_exists("cpu", "cpu.idle", parent) if plan.cpu_idle is not None else None
+    if plan.cpu_idle is not None and idle_text is not None:
+        idle_now = _to_int(idle_text)
         if idle_now != (1 if plan.cpu_idle else 0) and _write("idle", log, fs.set_cpu_idle, parent, plan.cpu_idle):
             written.append("idle")
 
-    if plan.group_identity is not None and fs.has_file("cpu", "cpu.bvt_warp_ns", parent):
-        bvt_now = _read_int(fs, "cpu.bvt_warp_ns", parent)
+    bvt_text = fs.read_if_exists("cpu", "cpu.bvt_warp_ns", parent) if plan.group_identity is not None else None
+    if plan.group_identity is not None and bvt_text is not None:
+        bvt_now = _to_int(bvt_text)
         if bvt_now != plan.group_identity and _write(
             "group_identity", log, fs.set_group_identity, parent, plan.group_identity
         ):
@@ -585,10 +604,11 @@ def apply_container_burst(
     and the value differs; with ``only_lower``, only if that lowers it. True if written.
     ``quota_now``: the quota as the caller just read it (_current_quota), not read again."""
     burst_file = fs.file_name("cpu.burst")
-    # No file without the cgroup: has_file answers for both (one stat).
-    if not fs.has_file("cpu", burst_file, parent, container_id):
+    # No file without the cgroup: one open answers for both.
+    text = fs.read_if_exists("cpu", burst_file, parent, container_id)
+    if text is None:
         return False
-    now = _read_int(fs, burst_file, parent, container_id)
+    now = _to_int(text)
     quota = _current_quota(fs, parent, container_id) if quota_now == "unread" else quota_now
     if quota is not None and quota > 0:
         burst = min(burst, quota)
@@ -598,11 +618,18 @@ def apply_container_burst(
 
 
 def _plan_and_apply(
-    fs: CgroupFS, pod: PodInfo, qos: QoSClass, settings: CPUSettings, section: CPUSection, log: Any
+    fs: CgroupFS,
+    pod: PodInfo,
+    qos: QoSClass,
+    settings: CPUSettings,
+    section: CPUSection,
+    log: Any,
+    *,
+    exists: bool | None = None,
 ) -> tuple[CpuPodPlan, list[str]]:
     """Plan the pod cgroup from the quota it has now and apply the plan, reading the quota once
     for both (the plan goes without it when it cannot be read; applying then reads it again
-    and raises why)."""
+    and raises why). ``exists``: as apply_pod_plan's."""
     quota_now: tuple[int, int] | Literal["unread"] | None
     try:
         quota_now = _quota_and_period(fs, pod.cgroup_parent)
@@ -610,7 +637,7 @@ def _plan_and_apply(
         quota_now = "unread"
     current = quota_now[0] if isinstance(quota_now, tuple) else None
     plan = plan_pod(pod, qos, settings, section, current_quota=current)
-    return plan, apply_pod_plan(fs, plan, log, quota_now=quota_now)
+    return plan, apply_pod_plan(fs, plan, log, quota_now=quota_now, exists=exists)
 
 
 # --- reconciling -----------------------------------------------------------------------------
@@ -634,7 +661,7 @@ def reconcile_pods(
             if not fs.exists(pod.cgroup_parent):
                 continue
             qos = qos_of(pod).qos_class
-            _, written = _plan_and_apply(fs, pod, qos, settings_for(qos), section, log)
+            _, written = _plan_and_apply(fs, pod, qos, settings_for(qos), section, log, exists=True)
         except (OSError, CgroupError, ValueError) as exc:
             log.warning("cannot reconcile pod", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
             continue
@@ -665,9 +692,10 @@ async def set_pod_cgroup(
     """Write the pod-level values into the pod cgroup (creating it at PreRunPodSandbox if missing)."""
     if not pod.cgroup_parent:
         return
+    exists: bool | None = None  # the pod cgroup is looked at once per call
     if hook is HookPoint.PRE_RUN_POD_SANDBOX:
-        ensure_pod_cgroup(cgroups, pod.cgroup_parent, log, dry_run=dry_run)
-    plan, written = _plan_and_apply(cgroups, pod, qos, settings, section, log)
+        exists = pod_cgroup_ready(cgroups, pod.cgroup_parent, log, dry_run=dry_run)
+    plan, written = _plan_and_apply(cgroups, pod, qos, settings, section, log, exists=exists)
     if written:
         log.debug("pod cpu settings applied", settings=written, plan=plan.describe())
 

@@ -111,7 +111,7 @@ from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, Resources, qos_of
 from ..settings import boolean, choice, integer, parsed_by, percent
 from . import batch_memory
-from .cpu import ensure_pod_cgroup
+from .cpu import pod_cgroup_ready
 from .oom_score import oom_score_adj_for
 
 __all__ = [
@@ -457,15 +457,17 @@ def apply_plan(
     container_id: str | None = None,
     *,
     only_drifted: bool = False,
+    exists: bool | None = None,
 ) -> dict[str, str]:
     """Write ``plan`` to the pod's (or container's) cgroup; the files written and their values.
 
     ``only_drifted``: read each file first and write only those that differ (reconcile).
+    ``exists``: whether the caller has just seen the cgroup (None: look here).
     Raises FileNotFoundError when the cgroup does not exist and CgroupUnsupported when the
     memory controller's files are missing (not enabled for this cgroup); wmark files that
     the kernel lacks are skipped.
     """
-    if not cgroups.exists(parent, container_id, "memory"):
+    if not (cgroups.exists(parent, container_id, "memory") if exists is None else exists):
         raise FileNotFoundError(f"no memory cgroup for {parent!r} {container_id or ''}".strip())
     wanted = {name: value for name, value in plan.files().items() if value is not None}
     if only_drifted:
@@ -496,12 +498,19 @@ def apply_plan(
 
 
 def _apply(
-    cgroups: CgroupFS, plan: MemoryPlan, parent: str, container_id: str | None, log: Any, *, only_drifted: bool = False
+    cgroups: CgroupFS,
+    plan: MemoryPlan,
+    parent: str,
+    container_id: str | None,
+    log: Any,
+    *,
+    only_drifted: bool = False,
+    exists: bool | None = None,
 ) -> dict[str, str]:
     for note in plan.notes:
         log.debug("memory plan note", level=plan.level, note=note)
     try:
-        written = apply_plan(cgroups, plan, parent, container_id, only_drifted=only_drifted)
+        written = apply_plan(cgroups, plan, parent, container_id, only_drifted=only_drifted, exists=exists)
     except FileNotFoundError:
         log.debug("no memory cgroup to write", level=plan.level)
         return {}
@@ -518,12 +527,20 @@ def _apply(
 
 def _pod_limit(cgroups: CgroupFS, pod: PodInfo, log: Any, *, create: bool, dry_run: bool = False) -> int:
     """Bring the pod cgroup's memory limit to its batch-memory plan; 1 if written, else 0."""
+    return _created_pod_limit(cgroups, pod, log, create=create, dry_run=dry_run)[0]
+
+
+def _created_pod_limit(
+    cgroups: CgroupFS, pod: PodInfo, log: Any, *, create: bool, dry_run: bool = False
+) -> tuple[int, bool | None]:
+    """_pod_limit, and whether the pod cgroup exists when ``create`` looked (None: not looked)."""
     plan = batch_memory.pod_limit_plan(pod)
     if plan.limit is None:
-        return 0
+        return 0, None
+    exists = None
     if create:
-        ensure_pod_cgroup(cgroups, pod.cgroup_parent, log, dry_run=dry_run, controller="memory")
-    return _write_limit(cgroups, plan, pod.cgroup_parent, None, log)
+        exists = pod_cgroup_ready(cgroups, pod.cgroup_parent, log, dry_run=dry_run, controller="memory")
+    return _write_limit(cgroups, plan, pod.cgroup_parent, None, log), exists
 
 
 def _write_limit(
@@ -557,10 +574,12 @@ async def pod_memory(
     if not pod.cgroup_parent:
         return
     try:
+        exists = None  # the pod cgroup is looked at once per call
         if settings.batch_memory_limit:
-            _pod_limit(cgroups, pod, log, create=True, dry_run=dry_run)
+            _, exists = _created_pod_limit(cgroups, pod, log, create=True, dry_run=dry_run)
         if pod.resources is not None:
-            _apply(cgroups, pod_plan(qos, settings, pod, cgroups.version), pod.cgroup_parent, None, log)
+            plan = pod_plan(qos, settings, pod, cgroups.version)
+            _apply(cgroups, plan, pod.cgroup_parent, None, log, exists=exists)
     except CgroupError as exc:  # not a cgroup mount, or a parent we refuse to touch
         log.warning("pod memory settings not written", error=str(exc))
 

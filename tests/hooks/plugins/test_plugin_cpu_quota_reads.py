@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from fake_trees import TREES, fake_tree, tree_id
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
-from runtimeproxy.hooks.extended_resources import BATCH_CPU, EXTENDED_RESOURCE_SPEC_ANNOTATION
-from runtimeproxy.hooks.plugins import cpu
+from runtimeproxy.hooks.extended_resources import BATCH_CPU, BATCH_MEMORY, EXTENDED_RESOURCE_SPEC_ANNOTATION
+from runtimeproxy.hooks.plugins import cpu, memory
 from runtimeproxy.hooks.sdk import HookPoint
 from runtimeproxy.hooks.testkit.builders import container as make_container
 from runtimeproxy.hooks.testkit.builders import pod as make_pod
@@ -25,15 +25,26 @@ SPEC = json.dumps({"containers": {"main": {"limits": {BATCH_CPU: "1500"}}}})
 
 
 class CountingFS(CgroupFS):
-    """A CgroupFS that counts the reads of each file."""
+    """A CgroupFS that counts the reads of each file (read_if_exists's of a file that is there too)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reads: dict[str, int] = {}
+        self.exists_asked: dict[str, int] = {}  # by controller
+
+    def exists(self, parent: str, container_id: str | None = None, controller: str = "cpu") -> bool:
+        self.exists_asked[controller] = self.exists_asked.get(controller, 0) + 1
+        return super().exists(parent, container_id, controller)
 
     def read(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str:
         self.reads[file] = self.reads.get(file, 0) + 1
         return super().read(controller, file, parent, container_id)
+
+    def read_if_exists(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str | None:
+        text = super().read_if_exists(controller, file, parent, container_id)
+        if text is not None:
+            self.reads[file] = self.reads.get(file, 0) + 1
+        return text
 
 
 @pytest.fixture(params=TREES, ids=tree_id)
@@ -108,3 +119,24 @@ async def test_poststart_writes_no_burst_without_the_containers_cgroup(tree: Fak
     )
     assert result.failures == [] and result.applied == ["cpu"]
     assert fs.reads == {}
+
+
+async def test_prerun_looks_at_the_pod_cgroup_once_per_plugin(tree: FakeCgroup) -> None:
+    """cpu and memory each stat the pod cgroup once per PreRunPodSandbox, and still write their values."""
+    parent = tree.add_pod("be-3", "besteffort")
+    fs = CountingFS(tree.root, tree.driver)
+    batch = {"main": {"limits": {BATCH_CPU: "1500", BATCH_MEMORY: "64Mi"}}}
+    pod = make_pod(
+        "batch",
+        qos="BE",
+        uid="be-3",
+        cgroup_parent=parent,
+        annotations={EXTENDED_RESOURCE_SPEC_ANNOTATION: json.dumps({"containers": batch})},
+        resources=Resources(memory_limit_in_bytes=64 << 20),
+    )
+    result = await run_plugin([cpu.plugin, memory.plugin], HookPoint.PRE_RUN_POD_SANDBOX, pod=pod, cgroups=fs)
+    assert result.failures == []
+    assert fs.exists_asked == {"cpu": 1, "memory": 1}
+    assert fs.cpu_quota(parent) == (150000, 100000)
+    limit = "memory.limit_in_bytes" if fs.version is CgroupVersion.V1 else "memory.max"
+    assert fs.read("memory", limit, parent) == str(64 << 20)
