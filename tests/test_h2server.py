@@ -74,6 +74,16 @@ async def hang(request: bytes, info: CallInfo) -> bytes:
     return b""
 
 
+def echo_once(release: asyncio.Event) -> Callable[[bytes, CallInfo], Awaitable[bytes]]:
+    """A handler that answers its own request once ``release`` is set."""
+
+    async def held(request: bytes, info: CallInfo) -> bytes:
+        await release.wait()
+        return request
+
+    return held
+
+
 async def hanging_call(calls: Calls, ours: H2Channel) -> asyncio.Future[bytes]:
     """A call from ``ours`` whose handler hangs, once that handler runs."""
     calls.behaviour = hang
@@ -395,11 +405,7 @@ async def test_a_hundred_concurrent_calls_on_one_connection_and_several_connecti
 @both_loops
 async def test_stop_lets_calls_in_flight_finish_and_refuses_new_ones() -> None:
     release = asyncio.Event()
-
-    async def held(request: bytes, info: CallInfo) -> bytes:
-        await release.wait()
-        return request
-
+    held = echo_once(release)
     async with serving() as (server, calls, path), channel(path) as ours:
         calls.behaviour = held
         in_flight = asyncio.ensure_future(ours.unary(METHOD, b"late", 10))
@@ -626,11 +632,7 @@ async def test_streams_past_the_concurrency_limit_are_refused() -> None:
 @both_loops
 async def test_a_client_goaway_is_logged_and_calls_in_flight_still_answered() -> None:
     release = asyncio.Event()
-
-    async def held(request: bytes, info: CallInfo) -> bytes:
-        await release.wait()
-        return request
-
+    held = echo_once(release)
     async with serving() as (_, calls, path):
         calls.behaviour = held
         raw = await RawClient.open(path)
