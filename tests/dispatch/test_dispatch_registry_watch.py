@@ -9,9 +9,10 @@ import shutil
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
+from inotify_faults import fail_inotify, not_watched_errors
 from structlog.testing import capture_logs
 
 from runtimeproxy import dirwatch
@@ -30,7 +31,7 @@ def config(hook: str = "PreRunPodSandbox", index: int = 0) -> str:
 
 
 def warnings(logs: Sequence[MutableMapping[str, Any]]) -> list[str]:
-    return [e["error"] for e in logs if e["event"] == "hook config directory not watched; polling it"]
+    return not_watched_errors(logs, "hook config directory")
 
 
 class Changes:
@@ -92,10 +93,7 @@ async def test_safety_net_poll_sees_what_inotify_cannot(tmp_path: Path, monkeypa
 async def test_without_inotify_it_polls_and_logs_the_cause_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    def fail(self: DirWatch) -> NoReturn:
-        raise OSError(code, f"inotify_add_watch: {os.strerror(code)}")
-
-    monkeypatch.setattr(DirWatch, "open", fail)
+    error = fail_inotify(monkeypatch, code, "inotify_add_watch")
     with capture_logs() as logs:
         async with running(tmp_path, QUICK) as (registry, changes):
             (tmp_path / "a.json").write_text(config())
@@ -103,7 +101,7 @@ async def test_without_inotify_it_polls_and_logs_the_cause_once(
             (tmp_path / "a.json").unlink()
             assert await changes.next() == []  # several polls and retries by now
             assert not registry._watching()
-    assert warnings(logs) == [f"inotify_add_watch: {os.strerror(code)}"]
+    assert warnings(logs) == [error]
 
 
 async def test_missing_directory_is_polled_then_watched_once_created(

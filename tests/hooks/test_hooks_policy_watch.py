@@ -8,14 +8,14 @@ import os
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
+from inotify_faults import fail_inotify, not_watched_errors
 from runtimeproxy.hooks.policy import Policy, PolicyWatcher
 from structlog.testing import capture_logs
 
 from runtimeproxy import dirwatch
-from runtimeproxy.dirwatch import DirWatch
 
 FOREVER = 3600.0  # a poll interval no test waits for: what is seen was seen through inotify
 QUICK = 0.02
@@ -29,7 +29,7 @@ def policy(interval: float) -> str:
 
 
 def warnings(logs: Sequence[MutableMapping[str, Any]]) -> list[str]:
-    return [e["error"] for e in logs if e["event"] == NOT_WATCHED]
+    return not_watched_errors(logs, "policy file directory")
 
 
 class Reloads:
@@ -109,10 +109,7 @@ async def test_stop_closes_the_watch(tmp_path: Path) -> None:
 async def test_without_inotify_it_polls_and_warns_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    def fail(self: DirWatch) -> NoReturn:
-        raise OSError(code, f"inotify_init1: {os.strerror(code)}")
-
-    monkeypatch.setattr(DirWatch, "open", fail)
+    error = fail_inotify(monkeypatch, code, "inotify_init1")
     path = tmp_path / "policy.yaml"
     path.write_text(policy(5))
     with capture_logs() as logs:
@@ -122,7 +119,7 @@ async def test_without_inotify_it_polls_and_warns_once(
             assert await reloads.next() == 6.0
             path.write_text(policy(7))
             assert await reloads.next() == 7.0  # several polls and retries by now
-    assert warnings(logs) == [f"inotify_init1: {os.strerror(code)}"]
+    assert warnings(logs) == [error]
     warning = next(e for e in logs if e["event"] == NOT_WATCHED)
     assert warning["directory"] == str(tmp_path) and warning["poll_interval_s"] == QUICK
 
