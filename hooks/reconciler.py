@@ -9,7 +9,10 @@ takes effect at once) the :class:`Reconciler`:
 1. lists the live pods from the CRI runtime: sandboxes in state READY and their containers
    in state CREATED or RUNNING, each rebuilt from the runtime's verbose status by
    :class:`runtimeproxy.dispatch.store.RuntimeLoader` -- the same records the proxy rebuilds
-   its store from, so plugins see what a hook call would have shown them;
+   its store from, so plugins see what a hook call would have shown them. Objects are loaded
+   in full once and kept (hooks/live_pods.py): a later round costs the two List calls and a
+   non-verbose ContainerStatus per known container (its current resources), and gives what
+   loading everything in full would;
 2. calls :meth:`PluginRunner.reconcile_report <runtimeproxy.hooks.sdk.PluginRunner.reconcile_report>`
    with ``pods`` (PodInfo), ``containers`` (ContainerInfo by sandbox id) and what went away
    since the previous round (``gone``, ``gone_containers``), so that each plugin re-applies
@@ -36,13 +39,14 @@ between rounds; a repair made here is sent to systemd the same way, which is als
 property systemd once refused or never got reaches it again.
 
 **Failures.** A runtime that cannot be listed (containerd down or restarting) is logged
-and tried again at the next interval; the previous round's pods stay the reference for
-``gone``. A sandbox or container the runtime has but whose data cannot be decoded (e.g. a
-label that is not UTF-8, which containerd stores and Python's protobuf refuses) is skipped
-alone: the round goes on with the others, the object is logged once (not every round) and
-counted in ``runtimehooks_reconcile_unreadable_objects_total{kind}``; plugins are not
-shown it (its pod is not in ``pods``). A failing plugin is logged and counted by the
-runner and does not stop the others. ``gone`` is relative to the last successful round
+and tried again at the next interval, which loads every object in full again; the previous
+round's pods stay the reference for ``gone``. A sandbox or container the runtime has but
+whose data cannot be decoded (e.g. a label that is not UTF-8, which containerd stores and
+Python's protobuf refuses) is skipped alone: the round goes on with the others, the object
+is logged once (not every round) and counted in
+``runtimehooks_reconcile_unreadable_objects_total{kind}``; plugins are not shown it (its pod
+is not in ``pods``). A failing plugin is logged and counted by the runner and does not stop
+the others. ``gone`` is relative to the last successful round
 and is empty at the first one (after a restart nothing is known about earlier rounds):
 plugins must treat ``pods`` as the authoritative list and may drop any state for a pod
 not in it.
@@ -56,32 +60,22 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.dispatch.store import (
-    RUNTIME_DOWN,
-    ContainerEntry,
-    RuntimeLoader,
-    SandboxEntry,
-    UnreadableObjectError,
-    container_from_list_item,
-    describe_error,
-    sandbox_from_list_item,
-)
-from runtimeproxy.h2client import status_of
+from runtimeproxy.dispatch.store import RuntimeLoader, describe_error
 from runtimeproxy.metrics import DURATION_BUCKETS
 
-from .convert import resources_from_proto
+from .live_pods import LivePodCache, LivePods, container_info, list_live_pods, pod_info
 from .policy import Policy
 from .runner import PluginFailure, PluginRunner
 from .views import ContainerInfo, PodInfo
 
 __all__ = [
     "DEFAULT_RUNTIME_ENDPOINT",
+    "LivePodCache",
     "LivePods",
     "PodLister",
     "ReconcileMetrics",
@@ -96,130 +90,11 @@ log = structlog.get_logger("runtimeproxy.hooks.reconciler")
 
 DEFAULT_RUNTIME_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
 
-# Containers that have a cgroup: created (runc made it) or running. Exited ones are left alone.
-_LIVE_CONTAINER_STATES: Final = frozenset({pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING})
-
-_T = TypeVar("_T")
-_E = TypeVar("_E", SandboxEntry, ContainerEntry)
-
 
 # --- the live pods --------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class LivePods:
-    """The pods a round works on, and their containers by the pod's sandbox id."""
-
-    pods: tuple[PodInfo, ...] = ()
-    containers: Mapping[str, tuple[ContainerInfo, ...]] = field(default_factory=lambda: MappingProxyType({}))
-    unreadable: int = 0  # objects the runtime listed that could not be decoded: skipped
-
-    def container_count(self) -> int:
-        return sum(len(items) for items in self.containers.values())
-
-
-#: Anything that gives the live pods: list_live_pods over a RuntimeLoader, or a fake in tests.
+#: Anything that gives the live pods: a LivePodCache's read, or a fake in tests.
 PodLister = Callable[[], Awaitable[LivePods]]
-
-
-def pod_info(entry: SandboxEntry) -> PodInfo:
-    """A rebuilt sandbox as the PodInfo its hook calls carry (``sandbox_id`` set)."""
-    return PodInfo(
-        name=entry.name,
-        namespace=entry.namespace,
-        uid=entry.uid,
-        attempt=entry.attempt,
-        sandbox_id=entry.id,
-        labels=MappingProxyType(dict(entry.labels)),
-        annotations=MappingProxyType(dict(entry.annotations)),
-        cgroup_parent=entry.cgroup_parent,
-        runtime_handler=entry.runtime_handler,
-        resources=resources_from_proto(entry.resources) if entry.resources is not None else None,
-        overhead=resources_from_proto(entry.overhead) if entry.overhead is not None else None,
-    )
-
-
-def container_info(entry: ContainerEntry) -> ContainerInfo:
-    """A rebuilt container as the ContainerInfo its hook calls carry (current resources)."""
-    return ContainerInfo(
-        name=entry.name,
-        id=entry.id,
-        attempt=entry.attempt,
-        annotations=MappingProxyType(dict(entry.annotations)),
-        resources=resources_from_proto(entry.resources) if entry.resources is not None else None,
-        env=tuple((key, value.decode("utf-8", "surrogateescape")) for key, value in entry.envs),
-    )
-
-
-async def list_live_pods(loader: RuntimeLoader) -> LivePods:
-    """The runtime's READY sandboxes and their CREATED or RUNNING containers.
-
-    Each object is rebuilt by ``loader`` from its verbose status (its create-time config,
-    current resources laid over); one the runtime cannot describe is taken from its list
-    item (partial), one removed meanwhile is skipped, one that cannot be decoded is skipped
-    (the loader logs it once). Raises RpcError when the runtime cannot be
-    listed or stops answering.
-    """
-    ready = pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(state=pb.PodSandboxStateValue(state=pb.SANDBOX_READY)))
-    sandbox_listing = await loader.list_sandboxes(ready)
-    container_listing = await loader.list_containers()
-    listed_containers = container_listing.items
-    # A runtime may ignore filters.
-    sandboxes = [item for item in sandbox_listing.items if item.state == pb.SANDBOX_READY]
-    ready_ids = {item.id for item in sandboxes}
-    containers = [
-        item for item in listed_containers if item.state in _LIVE_CONTAINER_STATES and item.pod_sandbox_id in ready_ids
-    ]
-    gate = asyncio.Semaphore(max(1, loader.concurrency))
-    sandbox_entries = await asyncio.gather(*(_bounded(gate, _load_sandbox(loader, item)) for item in sandboxes))
-    container_entries = await asyncio.gather(*(_bounded(gate, _load_container(loader, item)) for item in containers))
-    # Forget objects no longer listed (memory stays as small as the runtime's bad objects).
-    loader.unreadable.retain("sandbox", {item.id for item in sandbox_listing.items} | set(sandbox_listing.unreadable))
-    loader.unreadable.retain("container", {item.id for item in listed_containers} | set(container_listing.unreadable))
-    pods = tuple(pod_info(entry) for entry in sandbox_entries if isinstance(entry, SandboxEntry))
-    known = {pod.sandbox_id for pod in pods}
-    by_sandbox: dict[str, list[ContainerInfo]] = {}
-    for c_entry in container_entries:
-        if isinstance(c_entry, ContainerEntry) and c_entry.sandbox_id in known:
-            by_sandbox.setdefault(c_entry.sandbox_id, []).append(container_info(c_entry))
-    unreadable = sum(isinstance(entry, UnreadableObjectError) for entry in (*sandbox_entries, *container_entries))
-    return LivePods(
-        pods=pods,
-        containers=MappingProxyType({sandbox: tuple(items) for sandbox, items in by_sandbox.items()}),
-        unreadable=unreadable + len(sandbox_listing.unreadable) + len(container_listing.unreadable),
-    )
-
-
-async def _bounded(gate: asyncio.Semaphore, work: Awaitable[_T]) -> _T:
-    async with gate:
-        return await work
-
-
-async def _load_sandbox(loader: RuntimeLoader, item: pb.PodSandbox) -> SandboxEntry | UnreadableObjectError | None:
-    return await _load_listed("sandbox", loader.load_sandbox(item.id), item, sandbox_from_list_item)
-
-
-async def _load_container(loader: RuntimeLoader, item: pb.Container) -> ContainerEntry | UnreadableObjectError | None:
-    entry = await _load_listed("container", loader.load_container(item.id), item, container_from_list_item)
-    if isinstance(entry, ContainerEntry) and not entry.sandbox_id:
-        entry.sandbox_id = item.pod_sandbox_id
-    return entry
-
-
-async def _load_listed(
-    kind: str, load: Awaitable[_E | None], item: Any, from_list: Callable[[Any], _E]
-) -> _E | UnreadableObjectError | None:
-    """What ``load`` gives (None: removed since it was listed), the error when it cannot be
-    decoded, or ``item``'s list data when its status call failed while the runtime answers."""
-    try:
-        return await load
-    except UnreadableObjectError as exc:  # reported by the loader
-        return exc
-    except Exception as exc:
-        if status_of(exc) in RUNTIME_DOWN | {None}:  # runtime down, or no call's status at all
-            raise
-        log.warning(f"{kind} status failed; using list data only", id=item.id, error=describe_error(exc))
-        return from_list(item)
 
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -292,7 +167,7 @@ def _policy_interval(runner: PluginRunner) -> Callable[[], float]:
 class Reconciler:
     """Runs ``runner``'s reconcile handlers on the live pods every interval; see the module doc.
 
-    ``source``: a RuntimeLoader (its pods come from :func:`list_live_pods`; closed by
+    ``source``: a RuntimeLoader (its pods come from a :class:`LivePodCache` over it; closed by
     :meth:`stop` when ``close_source`` is true) or any :data:`PodLister`. ``interval``: the
     seconds between the starts of two rounds, asked before every wait (default: the policy
     in force, ``reconciler.interval_seconds``); call :meth:`poke` when it may have changed
@@ -314,7 +189,7 @@ class Reconciler:
         self.metrics = metrics if metrics is not None else ReconcileMetrics(registry)
         self._loader = source if isinstance(source, RuntimeLoader) else None
         self._close_loader = close_source and self._loader is not None
-        self._list: PodLister = self._list_runtime if isinstance(source, RuntimeLoader) else source
+        self._list: PodLister = LivePodCache(source).read if isinstance(source, RuntimeLoader) else source
         self._previous: LivePods | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -341,10 +216,6 @@ class Reconciler:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
-
-    async def _list_runtime(self) -> LivePods:
-        assert self._loader is not None
-        return await list_live_pods(self._loader)
 
     # -- one round --
 

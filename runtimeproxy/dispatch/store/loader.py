@@ -292,22 +292,34 @@ class RuntimeLoader:
         response = self._decoded(response, "sandbox", sandbox_id)
         return sandbox_from_status(response.status, response.info)
 
-    async def _fetch_container(self, container_id: str, timeout: float) -> ContainerEntry | None:
-        request = pb.ContainerStatusRequest(container_id=container_id, verbose=True)
+    async def container_status(
+        self, container_id: str, *, verbose: bool = False, timeout: float | None = None
+    ) -> pb.ContainerStatusResponse | None:
+        """The container's ContainerStatus (``verbose``: with the info holding its create-time
+        config; without, its current resources alone). None if the runtime has no such
+        container; UnreadableObjectError if it cannot be decoded; other errors raise RpcError."""
+        request = pb.ContainerStatusRequest(container_id=container_id, verbose=verbose)
         try:
-            response = self._decoded(
-                await self.stub.ContainerStatus(request, timeout=timeout), "container", container_id
-            )
-            entry = container_from_status(response.status, response.info)
-            if not entry.sandbox_id:  # no info: ListContainers names the sandbox
-                listing = pb.ListContainersRequest(filter=pb.ContainerFilter(id=container_id))
-                found = await self.list_containers(listing, timeout=timeout)
-                entry.sandbox_id = next((c.pod_sandbox_id for c in found.items), "")
-        except UnreadableObjectError:
-            raise
+            response = await self.stub.ContainerStatus(request, timeout=timeout or self.timeout)
         except Exception as exc:
             self._gone_or_raise(exc, container_id)
             return None
+        decoded: pb.ContainerStatusResponse = self._decoded(response, "container", container_id)
+        return decoded
+
+    async def _fetch_container(self, container_id: str, timeout: float) -> ContainerEntry | None:
+        response = await self.container_status(container_id, verbose=True, timeout=timeout)
+        if response is None:
+            return None
+        entry = container_from_status(response.status, response.info)
+        if not entry.sandbox_id:  # no info: ListContainers names the sandbox
+            listing = pb.ListContainersRequest(filter=pb.ContainerFilter(id=container_id))
+            try:
+                found = await self.list_containers(listing, timeout=timeout)
+            except Exception as exc:
+                self._gone_or_raise(exc, container_id)
+                return None
+            entry.sandbox_id = next((c.pod_sandbox_id for c in found.items), "")
         return entry
 
     def _gone_or_raise(self, exc: Exception, object_id: str) -> None:
