@@ -46,8 +46,6 @@ CALLS_NAME = "runtimeproxy_cri_calls"
 CALLS_HELP = "CRI calls relayed, by method and gRPC status code name."
 DURATION_NAME = "runtimeproxy_cri_call_duration_seconds"
 DURATION_HELP = "Time from receiving a CRI call to sending its status, by method."
-_BOUNDS: tuple[float, ...] = (*DURATION_BUCKETS, INF)
-_BUCKET_LABELS: tuple[str, ...] = tuple(floatToGoString(b) for b in _BOUNDS)  # type: ignore[no-untyped-call]
 
 K = TypeVar("K", bound=Hashable)
 E = TypeVar("E", bound=Hashable)
@@ -56,7 +54,7 @@ E = TypeVar("E", bound=Hashable)
 @dataclass(frozen=True)
 class CallFamilies:
     """What a :class:`CallCollector` exports: Counter ``calls_name{*labels, extra}`` and Histogram
-    ``duration_name{*labels}`` (buckets DURATION_BUCKETS), as prometheus_client names them."""
+    ``duration_name{*labels}`` (with ``buckets``), as prometheus_client names them."""
 
     calls_name: str
     calls_help: str
@@ -64,6 +62,9 @@ class CallFamilies:
     duration_help: str
     labels: tuple[str, ...]
     extra: str
+    buckets: tuple[float, ...] = DURATION_BUCKETS
+    # Exported histogram first, as when the Histogram was registered before the Counter.
+    histogram_first: bool = False
 
     def counter(self) -> CounterMetricFamily:
         return CounterMetricFamily(self.calls_name, self.calls_help, labels=(*self.labels, self.extra))
@@ -77,10 +78,10 @@ class _Series(Generic[E]):
 
     __slots__ = ("buckets", "created", "extra_created", "extras", "total")
 
-    def __init__(self, created: float) -> None:
+    def __init__(self, created: float, size: int) -> None:
         self.extras: dict[E, int] = {}
         self.extra_created: dict[E, float] = {}
-        self.buckets = [0] * len(_BOUNDS)
+        self.buckets = [0] * size
         self.total = 0.0
         self.created = created
 
@@ -109,6 +110,8 @@ class CallCollector(Generic[K, E]):
         extra_label: Callable[[E], str],
     ) -> None:
         self._families = families
+        self._bounds: tuple[float, ...] = (*families.buckets, INF)
+        self._bucket_labels = tuple(floatToGoString(b) for b in self._bounds)  # type: ignore[no-untyped-call]
         self._key_labels = key_labels
         self._extra_label = extra_label
         self._series: dict[K, _Series[E]] = {}
@@ -120,13 +123,13 @@ class CallCollector(Generic[K, E]):
         """Count one finished call and observe its duration."""
         series = self._series.get(key)
         if series is None:
-            series = self._series[key] = _Series(time.time())
+            series = self._series[key] = _Series(time.time(), len(self._bounds))
         try:
             series.extras[extra] += 1
         except KeyError:
             self._first_of_extra(key, series, extra)
         if seconds <= INF:  # NaN goes in no bucket (nor _count), as in Histogram.observe
-            series.buckets[bisect_left(_BOUNDS, seconds)] += 1
+            series.buckets[bisect_left(self._bounds, seconds)] += 1
         series.total += seconds
 
     def _first_of_extra(self, key: K, series: _Series[E], extra: E) -> None:
@@ -136,8 +139,8 @@ class CallCollector(Generic[K, E]):
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples: what the registry checks for duplicate names."""
-        yield self._families.counter()
-        yield self._families.histogram()
+        families = (self._families.counter(), self._families.histogram())
+        yield from reversed(families) if self._families.histogram_first else families
 
     def collect(self) -> Iterator[Metric]:
         """Called from the scraping thread; see the class comment for why no lock is needed."""
@@ -151,16 +154,15 @@ class CallCollector(Generic[K, E]):
             one = series[key]
             stamp = one.extra_created[extra] if created else None
             calls.add_metric((*self._key_labels(key), self._extra_label(extra)), float(one.extras[extra]), stamp)
-        yield calls
         duration, names = self._families.histogram(), self._families.labels
         stamp_name = self._families.duration_name + "_created"
         for key, one in series.items():
             labels = self._key_labels(key)
             buckets, total = list(one.buckets), one.total
-            duration.add_metric(labels, list(zip(_BUCKET_LABELS, _cumulative(buckets), strict=True)), total)
+            duration.add_metric(labels, list(zip(self._bucket_labels, _cumulative(buckets), strict=True)), total)
             if created:
                 duration.add_sample(stamp_name, dict(zip(names, labels, strict=True)), one.created)
-        yield duration
+        yield from (duration, calls) if self._families.histogram_first else (calls, duration)
 
 
 def _method_labels(method: str) -> tuple[str]:

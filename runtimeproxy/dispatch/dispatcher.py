@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
@@ -33,6 +33,7 @@ from runtimeproxy.dispatch.protocol import InvalidHookOutput
 from runtimeproxy.dispatch.registry import FailurePolicy, HookRegistry, HookServer
 from runtimeproxy.h2client import H2Channel, RpcError
 from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
+from runtimeproxy.metrics import CallCollector, CallFamilies
 from runtimeproxy.relay.grpc_wire import StatusCode
 
 log = structlog.get_logger("runtimeproxy.hooks")
@@ -41,6 +42,10 @@ SERVICE = "/runtime.v1alpha1.RuntimeHookService/"
 RESPONSE_TYPES: dict[HookKind, Any] = {
     HookKind.POD: hook.PodSandboxHookResponse,
     HookKind.CONTAINER: hook.ContainerResourceHookResponse,
+}
+# Per hook point, its RPC's path and response type (looked up once, not per call).
+_RPCS: dict[HookPoint, tuple[str, Any]] = {
+    point: (SERVICE + point.rpc, RESPONSE_TYPES[point.kind]) for point in HookPoint
 }
 # Below this much time left there is no point in calling a hook server.
 MIN_CALL_SECONDS = 0.001
@@ -72,21 +77,35 @@ class HookFailed(Exception):
         )
 
 
+# Exported as they were by a prometheus_client Histogram registered before a Counter.
+_HOOK_FAMILIES = CallFamilies(
+    "runtimeproxy_hook_calls",
+    "Hook server calls by outcome: ok, unimplemented, failed, timeout, invalid, skipped.",
+    "runtimeproxy_hook_duration_seconds",
+    "Round trip of hook server calls, by server and hook point.",
+    ("server", "hook"),
+    "outcome",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+    histogram_first=True,
+)
+
+
+def _server_hook(key: tuple[str, HookPoint]) -> tuple[str, str]:
+    return key[0], key[1].value
+
+
+def _outcome(outcome: str) -> str:
+    return outcome
+
+
 class HookMetrics:
+    """Hook calls by server, hook point and outcome, and their round trips: recorded for every
+    hook call on the event loop, so a lock-free collector (runtimeproxy.metrics.CallCollector)."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         reg = REGISTRY if registry is None else registry
-        self.duration = Histogram(
-            "runtimeproxy_hook_duration_seconds",
-            "Round trip of hook server calls, by server and hook point.",
-            ["server", "hook"],
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
-            registry=reg,
-        )
-        self.outcomes = Counter(
-            "runtimeproxy_hook_calls",
-            "Hook server calls by outcome: ok, unimplemented, failed, timeout, invalid, skipped.",
-            ["server", "hook", "outcome"],
-            registry=reg,
+        self.calls: CallCollector[tuple[str, HookPoint], str] = CallCollector(
+            reg, _HOOK_FAMILIES, _server_hook, _outcome
         )
         self.layer_errors = Counter(
             "runtimeproxy_hook_layer_errors",
@@ -95,25 +114,9 @@ class HookMetrics:
             ["method", "action"],
             registry=reg,
         )
-        # The labelled children per (server, hook, outcome): labels() takes a lock and builds
-        # a key per lookup, twice per hook call. Servers, points and outcomes are few.
-        self._children: dict[tuple[str, HookPoint, str], tuple[Any, Any]] = {}
 
     def record(self, result: HookOutcome) -> None:
-        key = (result.server, result.point, result.outcome)
-        children = self._children.get(key)
-        if children is None:
-            hook_name = result.point.value
-            children = (
-                self.duration.labels(result.server, hook_name),
-                self.outcomes.labels(result.server, hook_name, result.outcome),
-            )
-            self._children[key] = children
-        children[0].observe(result.seconds)
-        children[1].inc()
-
-    def skipped(self, point: HookPoint) -> None:
-        self.outcomes.labels("", point.value, "skipped").inc()
+        self.calls.record((result.server, result.point), result.outcome, result.seconds)
 
 
 class Dispatcher:
@@ -146,11 +149,15 @@ class Dispatcher:
     async def run(
         self,
         point: HookPoint,
-        build_request: Callable[[], Any],
+        build_request: Callable[[], bytes],
         apply_response: Callable[[Any], list[str]],
         deadline: float | None,
     ) -> list[HookOutcome]:
-        """Call every server of ``point`` in order; raises HookFailed for a Fail pre-hook."""
+        """Call every server of ``point`` in order; raises HookFailed for a Fail pre-hook.
+
+        ``build_request`` gives the serialized hook request for the next server (as the servers
+        before it left the views); ``apply_response`` merges a non-empty answer into them.
+        """
         results: list[HookOutcome] = []
         for server in self.registry.servers_for(point):
             result = await self._call(server, point, build_request(), apply_response, deadline)
@@ -169,7 +176,7 @@ class Dispatcher:
         self,
         server: HookServer,
         point: HookPoint,
-        request: Any,
+        request: bytes,
         apply_response: Callable[[Any], list[str]],
         deadline: float | None,
     ) -> HookOutcome:
@@ -185,13 +192,15 @@ class Dispatcher:
 
         if timeout < MIN_CALL_SECONDS:
             return done("timeout", "no time left before the caller's deadline")
-        response_type = RESPONSE_TYPES[point.kind]
+        path, response_type = _RPCS[point]
         try:
-            answer = await self._channel(server).unary(SERVICE + point.rpc, _serialize(request), timeout)
+            answer = await self._channel(server).unary(path, request, timeout)
         except RpcError as exc:
             return _rpc_failure(exc, done, timeout)
         except Exception as exc:  # not expected; fails closed like any invalid answer
             return done("invalid", f"{type(exc).__name__}: {exc}")
+        if not answer:  # the empty answer (no field set): nothing to check, nothing to merge
+            return done("ok")
         try:
             response = response_type.FromString(answer)
         except Exception:  # DecodeError: not protobuf, or e.g. a string field that is not UTF-8
@@ -227,10 +236,6 @@ class Dispatcher:
         channels, self._channels = list(self._channels.values()), {}
         for channel in channels:
             await channel.close()
-
-
-def _serialize(message: Any) -> bytes:
-    return bytes(message.SerializeToString())
 
 
 def _rpc_failure(exc: RpcError, done: Callable[..., HookOutcome], timeout: float) -> HookOutcome:

@@ -23,6 +23,7 @@ from runtimeproxy.dispatch.limits import LOGGED_CHANGES_MAX
 from runtimeproxy.dispatch.protocol import CallFrame, ContainerView, PodView
 from runtimeproxy.dispatch.sequencer import KeyedSequencer
 from runtimeproxy.dispatch.store import PodStore, StoreRebuilder, UnreadableObjectError
+from runtimeproxy.dispatch.store.entries import copy_message
 from runtimeproxy.relay import grpc_wire
 from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo
@@ -35,6 +36,7 @@ DEFAULT_SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 STORE_ONLY = {"RemoveContainer": CallHooks(None, None)}
 # Calls that take objects off the node.
 TEARDOWN = frozenset({"StopPodSandbox", "RemovePodSandbox", "StopContainer", "RemoveContainer"})
+POD_POINTS = frozenset(point for point in HookPoint if point.kind == HookKind.POD)
 
 
 @dataclass
@@ -187,44 +189,44 @@ class HookInterceptor:
         frame = state.frame
         if method.name == "CreateContainer" and frame.container is not None:
             frame.container.container_id = reply.container_id
+            frame.hook_request = None  # the post-hooks are told the new id
             # Taken before kubelet's next call can be read: StartContainer waits for PostCreate.
             state.keys += await self.sequencer.acquire(["container:" + reply.container_id])
         if method.name == "RunPodSandbox" and frame.pod is not None:
             frame.pod.sandbox_id = reply.pod_sandbox_id
+            frame.hook_request = None
         self._record(method.name, frame)
         point = _hooks(method.name).post
         if point is not None and not state.skipped and self.dispatcher.subscribed(point):
             state.results += await self._run(point, frame, None)
 
     async def _run(self, point: HookPoint, frame: CallFrame, deadline: float | None) -> list[HookOutcome]:
+        pod_kind = point in POD_POINTS
+        run = self.dispatcher.run(
+            point,
+            lambda: _hook_request(frame, pod_kind),
+            lambda response: self._apply(frame, pod_kind, response),
+            deadline,
+        )
         if not trace.ON:
-            return await self._run_hooks(point, frame, deadline)
+            return await run
         began = trace.now()
         try:
-            return await self._run_hooks(point, frame, deadline)
+            return await run
         finally:
             uid = frame.pod.config.metadata.uid if frame.pod is not None else ""
             trace.event("proxy.hook", hook=point.value, uid=uid, began=began)
 
-    async def _run_hooks(self, point: HookPoint, frame: CallFrame, deadline: float | None) -> list[HookOutcome]:
+    def _apply(self, frame: CallFrame, pod_kind: bool, response: Any) -> list[str]:
+        """Merge a hook's (non-empty) answer into the call's views; returns the changes made."""
+        _unshare(frame)  # never into the store's own messages
+        frame.hook_request = None  # the views may change: the next hook's request is built anew
         pod, container = frame.pod, frame.container
         assert pod is not None
-        if point.kind == HookKind.POD:
-            return await self.dispatcher.run(
-                point,
-                lambda: protocol.pod_hook_request(pod),
-                lambda response: _note(frame, protocol.apply_pod_response(pod, response, self.output_rules)),
-                deadline,
-            )
+        if pod_kind:
+            return _note(frame, protocol.apply_pod_response(pod, response, self.output_rules))
         assert container is not None
-        return await self.dispatcher.run(
-            point,
-            lambda: protocol.container_hook_request(pod, container),
-            lambda response: _note(
-                frame, protocol.apply_container_response(pod, container, response, self.output_rules)
-            ),
-            deadline,
-        )
+        return _note(frame, protocol.apply_container_response(pod, container, response, self.output_rules))
 
     def _skipped(self, frame: CallFrame) -> bool:
         return frame.pod is not None and frame.pod.config.labels.get(self.skip_label) == self.skip_value
@@ -258,12 +260,15 @@ class HookInterceptor:
         return await self._pod_frame(name, request)
 
     async def _container_frame(self, name: str, request: Any) -> CallFrame:
+        # Only an update writes into its views at once; the others read the store's own
+        # configs until a hook answer is applied (_unshare).
+        update = name == "UpdateContainerResources"
         entry = await self.loader.ensure_container(request.container_id)
         sandbox_id = entry.sandbox_id if entry is not None else ""
-        pod = await self._pod_view(sandbox_id)
-        container = ContainerView(request.container_id, _container_config(entry))
-        frame = CallFrame(name, request, pod=pod, container=container)
-        if name == "UpdateContainerResources":
+        pod = await self._pod_view(sandbox_id, update)
+        container = ContainerView(request.container_id, _container_config(entry, update))
+        frame = CallFrame(name, request, pod=pod, container=container, shared=not update)
+        if update:
             container.config.linux.resources.CopyFrom(request.linux)
             container.config.annotations.update(request.annotations)
             frame.baseline_annotations = dict(container.config.annotations)
@@ -271,19 +276,22 @@ class HookInterceptor:
         return frame
 
     async def _pod_frame(self, name: str, request: Any) -> CallFrame:
-        pod = await self._pod_view(request.pod_sandbox_id)
-        frame = CallFrame(name, request, pod=pod)
-        if name == "UpdatePodSandboxResources":
+        update = name == "UpdatePodSandboxResources"
+        pod = await self._pod_view(request.pod_sandbox_id, update)
+        frame = CallFrame(name, request, pod=pod, shared=not update)
+        if update:
             pod.config.linux.resources.CopyFrom(request.resources)
             pod.config.linux.overhead.CopyFrom(request.overhead)
             frame.mutable = True
         return frame
 
-    async def _pod_view(self, sandbox_id: str) -> PodView:
+    async def _pod_view(self, sandbox_id: str, copy: bool) -> PodView:
+        """The pod's view: a copy of its config, or with ``copy`` False the stored one itself."""
         entry = await self.loader.ensure_sandbox(sandbox_id) if sandbox_id else None
         if entry is None:
             return PodView(sandbox_id, "", cri.PodSandboxConfig())
-        return PodView(sandbox_id, entry.runtime_handler, _sandbox_config(entry))
+        config = _pod_config(entry)
+        return PodView(sandbox_id, entry.runtime_handler, copy_message(config) if copy else config)
 
     def _record(self, name: str, frame: CallFrame) -> None:
         request, store = frame.request, self.store
@@ -330,6 +338,33 @@ def _note(frame: CallFrame, changes: list[str]) -> list[str]:
     return changes
 
 
+def _hook_request(frame: CallFrame, pod_kind: bool) -> bytes:
+    """The hook request for the frame's views, serialized: built once while they stay as they
+    are (the pre- and post-hooks of StartContainer, several servers of one hook point)."""
+    request = frame.hook_request
+    if request is None:
+        pod, container = frame.pod, frame.container
+        assert pod is not None
+        if pod_kind:
+            message = protocol.pod_hook_request(pod)
+        else:
+            assert container is not None
+            message = protocol.container_hook_request(pod, container)
+        request = frame.hook_request = bytes(message.SerializeToString())
+    return request
+
+
+def _unshare(frame: CallFrame) -> None:
+    """Give the frame copies of views that are the store's own messages, before writing."""
+    if not frame.shared:
+        return
+    frame.shared = False
+    if frame.pod is not None:
+        frame.pod.config = copy_message(frame.pod.config)
+    if frame.container is not None:
+        frame.container.config = copy_message(frame.container.config)
+
+
 def _commit(frame: CallFrame) -> None:
     """Write changes made on copies back into the requests that carry only part of them."""
     request = frame.request
@@ -341,13 +376,6 @@ def _commit(frame: CallFrame) -> None:
                 request.annotations[key] = value
     elif frame.method == "UpdatePodSandboxResources" and frame.pod is not None:
         request.resources.CopyFrom(frame.pod.config.linux.resources)
-
-
-def _sandbox_config(entry: Any) -> Any:
-    """A copy of the sandbox's config, for a view that hooks may change."""
-    copy = cri.PodSandboxConfig()
-    copy.CopyFrom(_pod_config(entry))
-    return copy
 
 
 def _pod_config(entry: Any) -> Any:
@@ -367,14 +395,13 @@ def _pod_config(entry: Any) -> Any:
     )
 
 
-def _container_config(entry: Any) -> Any:
+def _container_config(entry: Any, copy: bool) -> Any:
+    """The container's config: a copy, or with ``copy`` False the stored one itself."""
     if entry is None:
         return cri.ContainerConfig()
     config = getattr(entry, "config", None)
     if config is not None:
-        copy = cri.ContainerConfig()
-        copy.CopyFrom(config)
-        return copy
+        return copy_message(config) if copy else config
     return cri.ContainerConfig(
         metadata=cri.ContainerMetadata(name=entry.name, attempt=entry.attempt),
         labels=entry.labels,
@@ -384,17 +411,30 @@ def _container_config(entry: Any) -> Any:
     )
 
 
+# Hook outcomes that are no problem: the call's line is logged at info level.
+_FINE = frozenset({"ok", "unimplemented"})
+
+
 def _log_call(name: str, state: _CallState, code: int, message: str, failed: HookOutcome | None) -> None:
     frame = state.frame
     pod = frame.pod.config.metadata if frame.pod is not None else None
+    problem = failed is not None or bool(state.layer_error)
+    hooks = []
+    for result in state.results:  # one pass, no comprehension: this runs for every hooked call
+        hooks.append(result.summary())
+        problem = problem or result.outcome not in _FINE
+    if failed is not None:
+        hooks.append(failed.summary())
+    # Each change is bounded already (limits.cut); so is how many a log line lists.
+    changes, more = frame.changes, len(frame.changes) - LOGGED_CHANGES_MAX
     fields: dict[str, Any] = {
         "method": name,
         "code": grpc_wire.code_name(code),
         "duration_ms": round((time.perf_counter() - state.started) * 1000, 3),
         "pod": f"{pod.namespace}/{pod.name}" if pod is not None and pod.name else None,
         "container": frame.container.config.metadata.name if frame.container is not None else None,
-        "hooks": [result.summary() for result in [*state.results, *([failed] if failed else [])]],
-        "changes": _listed(frame.changes),
+        "hooks": hooks,
+        "changes": [*changes[:LOGGED_CHANGES_MAX], f"... and {more} more"] if more > 0 else changes,
     }
     if state.layer_error:
         fields["hook_layer_error"] = state.layer_error
@@ -402,12 +442,4 @@ def _log_call(name: str, state: _CallState, code: int, message: str, failed: Hoo
         fields["skipped"] = "skip label"
     if code != grpc_wire.OK:
         fields["error"] = message
-    problem = failed is not None or bool(state.layer_error)
-    problem = problem or any(result.outcome not in ("ok", "unimplemented") for result in state.results)
     (log.warning if problem else log.info)("lifecycle call", **fields)
-
-
-def _listed(changes: list[str]) -> list[str]:
-    """Each change is bounded already (limits.cut); so is how many a log line lists."""
-    more = len(changes) - LOGGED_CHANGES_MAX
-    return changes[:LOGGED_CHANGES_MAX] + ([f"... and {more} more"] if more > 0 else [])

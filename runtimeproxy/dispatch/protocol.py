@@ -56,6 +56,12 @@ class CallFrame:
     changes: list[str] = field(default_factory=list)
     # Container annotations before the hooks ran, for writing back only what they changed.
     baseline_annotations: dict[str, str] = field(default_factory=dict)
+    # Whether the views' configs are the store's own messages: read-only, copied before a
+    # hook answer is applied to them.
+    shared: bool = False
+    # The hook request built from the views as they are now, serialized; None once they change.
+    # Every hook point of one CRI call is of one kind (hookpoints.HOOKS_BY_METHOD).
+    hook_request: bytes | None = None
 
 
 def to_hook_resources(resources: Any) -> Any:
@@ -110,10 +116,12 @@ def pod_hook_request(pod: PodView) -> Any:
         cgroup_parent=config.linux.cgroup_parent,
         pod_sandbox_id=pod.sandbox_id,
     )
+    # Resources go over as bytes (same fields, same numbers: to_hook_resources); merging into
+    # the request's unset field marks it set, as CopyFrom would.
     if config.linux.HasField("overhead"):
-        request.overhead.CopyFrom(to_hook_resources(config.linux.overhead))
+        request.overhead.MergeFromString(config.linux.overhead.SerializeToString())
     if config.linux.HasField("resources"):
-        request.resources.CopyFrom(to_hook_resources(config.linux.resources))
+        request.resources.MergeFromString(config.linux.resources.SerializeToString())
     return request
 
 
@@ -129,22 +137,19 @@ def container_hook_request(pod: PodView, container: ContainerView) -> Any:
         pod_annotations=pod_config.annotations,
         pod_labels=pod_config.labels,
         pod_cgroup_parent=pod_config.linux.cgroup_parent,
-        container_envs={key: _text(value) for key, value in envs},
+        container_envs={key: value.decode("utf-8", "replace") for key, value in envs},  # KeyValue.value: bytes
         container_env_list=[hook.KeyValue(key=key, value=value) for key, value in envs],
         pod_sandbox_id=pod.sandbox_id,
         runtime_handler=pod.runtime_handler,
     )
+    # Resources as in pod_hook_request.
     if config.linux.HasField("resources"):
-        request.container_resources.CopyFrom(to_hook_resources(config.linux.resources))
+        request.container_resources.MergeFromString(config.linux.resources.SerializeToString())
     if pod_config.linux.HasField("resources"):
-        request.pod_resources.CopyFrom(to_hook_resources(pod_config.linux.resources))
+        request.pod_resources.MergeFromString(pod_config.linux.resources.SerializeToString())
     if pod_config.linux.HasField("overhead"):
-        request.pod_overhead.CopyFrom(to_hook_resources(pod_config.linux.overhead))
+        request.pod_overhead.MergeFromString(pod_config.linux.overhead.SerializeToString())
     return request
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
 
 
 # -- applying hook responses ---------------------------------------------------------------

@@ -17,6 +17,7 @@ from runtimeproxy.dispatch.protocol import (
     OutputRules,
     PodView,
     apply_container_response,
+    apply_pod_response,
     container_hook_request,
     follow_pod,
 )
@@ -115,3 +116,35 @@ def test_an_answer_without_env_leaves_an_env_over_the_limits_alone() -> None:
     growing = hook.ContainerResourceHookResponse(container_env_list=[hook.KeyValue(key="NEW", value=b"1")])
     with pytest.raises(InvalidHookOutput, match="env would hold"):
         apply_container_response(PodView("s", "", config()), container, growing, OutputRules())
+
+
+# -- the empty answer: the dispatcher takes it as "ok, no changes" without decoding or merging --
+
+resources = st.builds(
+    cri.LinuxContainerResources, cpu_shares=st.integers(0, 4096), cpuset_cpus=st.sampled_from(["", "0-1"])
+)
+
+
+@given(parents, maps, maps, maps, env_lists, resources)
+def test_an_empty_answer_changes_nothing_and_is_valid(
+    parent: str,
+    labels: dict[str, str],
+    notes: dict[str, str],
+    c_notes: dict[str, str],
+    envs: list[tuple[str, bytes]],
+    current: cri.LinuxContainerResources,
+) -> None:
+    """What dispatcher._call's shortcut for b"" assumes: the full path finds no problem and
+    changes nothing, whatever the views hold."""
+    pod = PodView("s", "runc", config(parent, labels, notes))
+    pod.config.linux.resources.CopyFrom(current)
+    container = ContainerView(
+        "c", cri.ContainerConfig(annotations=c_notes, envs=[cri.KeyValue(key=k, value=v) for k, v in envs])
+    )
+    container.config.linux.resources.CopyFrom(current)
+    before = (pod.config.SerializeToString(deterministic=True), container.config.SerializeToString(deterministic=True))
+    assert apply_pod_response(pod, hook.PodSandboxHookResponse.FromString(b""), OutputRules()) == []
+    empty = hook.ContainerResourceHookResponse.FromString(b"")
+    assert apply_container_response(pod, container, empty, OutputRules()) == []
+    after = (pod.config.SerializeToString(deterministic=True), container.config.SerializeToString(deterministic=True))
+    assert after == before
