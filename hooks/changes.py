@@ -36,14 +36,11 @@ class ResourceChanges:
     memory_swap_limit_in_bytes: int = 0
 
     def is_empty(self) -> bool:
-        return not (
-            any(getattr(self, name) for name in resource_fields.SCALARS) or self.hugepage_limits or self.unified
-        )
+        return not (any(resource_fields.SCALAR_VALUES(self)) or self.hugepage_limits or self.unified)
 
     def update(self, other: ResourceChanges) -> None:
         """Lay ``other``'s set fields over these."""
-        for name in resource_fields.SCALARS:
-            value = getattr(other, name)
+        for name, value in zip(resource_fields.SCALARS, resource_fields.SCALAR_VALUES(other), strict=True):
             if value:
                 setattr(self, name, value)
         if other.hugepage_limits:
@@ -201,8 +198,7 @@ class HookResponse:
     def set_fields(self) -> Iterator[tuple[str, str, Any]]:
         """(field, kind, value) of every field these changes set. A map entry is a field of its
         own (``annotations[key]``, ``env[NAME]``) whose kind is the map's name, so kinds are few."""
-        for name in resource_fields.SCALARS:
-            value = getattr(self.resources, name)
+        for name, value in zip(resource_fields.SCALARS, resource_fields.SCALAR_VALUES(self.resources), strict=True):
             if value:  # 0 / "" means "leave as it is"
                 yield f"resources.{name}", f"resources.{name}", value
         if self.resources.hugepage_limits:

@@ -4,6 +4,7 @@ server and the runner; plugins never see protobuf). The fields come from the des
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -16,15 +17,25 @@ from .views import ContainerInfo, HugepageLimit, PodInfo, Resources
 if TYPE_CHECKING:
     from .changes import ResourceChanges
 
-__all__ = ["qos_of", "resources_from_proto", "resources_to_proto"]
+__all__ = ["qos_of", "resources_from_proto", "resources_to_proto"]  # frozen_map: the server's, not the SDK's
+
+
+_NO_ENTRIES: Mapping[str, str] = MappingProxyType({})  # read-only: one for every empty map
+
+
+def frozen_map(entries: Any) -> Mapping[str, str]:
+    """A protobuf map field (or any mapping) as a read-only copy. A comprehension, not dict(): a
+    protobuf map is a Mapping whose keys() and items() are Python-level views (several function
+    calls per entry); its own iteration and lookups are C."""
+    return MappingProxyType({key: entries[key] for key in entries}) if entries else _NO_ENTRIES
 
 
 def resources_from_proto(message: Any) -> Resources:
     """A LinuxContainerResources message (hook API or CRI) as Resources."""
     return Resources(
-        **{name: getattr(message, name) for name in resource_fields.SCALARS},
-        hugepage_limits=tuple(HugepageLimit(h.page_size, h.limit) for h in message.hugepage_limits),
-        unified=MappingProxyType(dict(message.unified)),
+        **dict(zip(resource_fields.SCALARS, resource_fields.SCALAR_VALUES(message), strict=True)),
+        hugepage_limits=tuple([HugepageLimit(h.page_size, h.limit) for h in message.hugepage_limits]),
+        unified=frozen_map(message.unified),
     )
 
 
@@ -33,17 +44,7 @@ def resources_to_proto(changes: ResourceChanges) -> Any:
     return resource_fields.fill(hook_pb.LinuxContainerResources(), changes)
 
 
-def _qos_resources(resources: Resources | None) -> Any:
-    if resources is None:
-        return None
-    return hook_pb.LinuxContainerResources(
-        cpu_shares=resources.cpu_shares,
-        cpu_quota=resources.cpu_quota,
-        memory_limit_in_bytes=resources.memory_limit_in_bytes,
-    )
-
-
 def qos_of(pod: PodInfo, container: ContainerInfo | None = None) -> QoSResolution:
     """The pod's QoS class (the container's resources stand in when the pod's are unknown)."""
     resources = pod.resources if pod.resources is not None else (container.resources if container else None)
-    return resolve_qos(pod.labels, pod.annotations, pod.cgroup_parent, _qos_resources(resources))
+    return resolve_qos(pod.labels, pod.annotations, pod.cgroup_parent, resources)

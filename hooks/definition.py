@@ -4,7 +4,6 @@ kind of handler is called with."""
 
 from __future__ import annotations
 
-import dis
 import inspect
 import math
 import re
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar
 
+from runtimeproxy.coroutines import never_suspends
 from runtimeproxy.dispatch.hookpoints import HookPoint, parse_hook_point
 
 from . import policy as policy_mod
@@ -105,7 +105,7 @@ class Handler:
 
     ``never_suspends``: an ``async def`` with no ``await``, ``async for`` or ``async with`` in its
     body can never give the loop a turn, so the runner calls it in the hook call itself, without
-    a task of its own and the loop turns that costs (runner.PluginRunner._call_async).
+    a task of its own and the loop turns that costs (runner.PluginRunner._call_now).
     """
 
     fn: Callable[..., Any]
@@ -125,21 +125,6 @@ def _is_async(fn: Callable[..., Any]) -> bool:
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
     return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
-
-
-# The opcodes through which a coroutine can suspend (CPython 3.11-3.13): await, async for, async
-# with, and the yields they are built on. A code object with none of them runs to its end at once.
-_SUSPENDING_OPS: Final = frozenset(
-    {"GET_AWAITABLE", "GET_AITER", "GET_ANEXT", "BEFORE_ASYNC_WITH", "END_ASYNC_FOR", "SEND", "YIELD_VALUE"}
-)
-
-
-def never_suspends(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` is an ``async def`` function that cannot suspend (see Handler). Anything else
-    (a wrapper object, a partial, a sync function) answers False: it is run the general way."""
-    if not (inspect.isfunction(fn) and inspect.iscoroutinefunction(fn)):
-        return False
-    return not any(op.opname in _SUSPENDING_OPS for op in dis.get_instructions(fn.__code__))
 
 
 def _check_handler(fn: Any, what: str, known: Sequence[str]) -> Handler:

@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from runtimeproxy.dispatch.limits import Resources as ResourcesMessage  # either API's resources message
 
@@ -68,6 +68,7 @@ __all__ = [
     "KubernetesQoS",
     "QoSClass",
     "QoSResolution",
+    "RequestedResources",
     "ResourcesMessage",
     "Source",
     "kubernetes_qos_from_cgroup_parent",
@@ -118,6 +119,20 @@ _MIN_SHARES: Final = 2  # kubelet's MinShares: what a BestEffort container gets
 _SHOWN_CHARS: Final = 64
 
 
+class RequestedResources(Protocol):
+    """What step 4 reads: either API's resources message (ResourcesMessage) or the plugin SDK's
+    Resources (hooks/views.py), which the runner passes as it is rather than as a new message."""
+
+    @property
+    def cpu_shares(self) -> int: ...
+
+    @property
+    def cpu_quota(self) -> int: ...
+
+    @property
+    def memory_limit_in_bytes(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class QoSResolution:
     """The resolved class, the source that decided it, and a human-readable why."""
@@ -131,7 +146,7 @@ def resolve_qos(
     labels: Mapping[str, str],
     annotations: Mapping[str, str],
     cgroup_parent: str = "",
-    resources: ResourcesMessage | None = None,
+    resources: RequestedResources | None = None,
 ) -> QoSResolution:
     """The QoS class of a pod from its labels, annotations, cgroup parent and resources (see the module doc)."""
     notes: list[str] = []

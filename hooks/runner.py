@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from runtimeproxy import trace
 from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.logs import debug_enabled
 from runtimeproxy.metrics import CallCollector, CallFamilies
 
 from . import policy as policy_mod
@@ -223,30 +224,29 @@ class PluginRunner:
         """Why ``plugin`` is not called ("" when it is): a node handle it needs is missing, or (for a
         pod of class ``qos``) its settings entry for the class says ``enabled: false``."""
         spec = plugin.settings_spec
-        section = self.context.policy().section(spec) if qos is not None and spec is not None else None
-        return self._skip_reason(plugin, qos, section)
+        if qos is None or spec is None:
+            return self._skip_reason(plugin, qos, None)
+        return self._skip_reason(plugin, qos, self.context.policy().section(spec).for_class(qos))
 
-    def _skip_reason(self, plugin: Plugin, qos: QoSClass | None, section: SectionSettings | None) -> str:
-        """skip_reason, given the plugin's policy section (None: do not look at its entries)."""
-        missing = [handle for handle in plugin.needs if getattr(self.context, handle) is None]
-        if missing:
-            return f"needs {' and '.join(missing)}, which this node lacks"
-        spec = plugin.settings_spec
-        if qos is None or spec is None or spec.settings is None or section is None:
-            return ""
-        if getattr(section.for_class(qos), "enabled", True) is False:
+    def _skip_reason(self, plugin: Plugin, qos: QoSClass | None, settings: Any) -> str:
+        """skip_reason, given the plugin's settings for class ``qos`` (None: none, or do not look)."""
+        context = self.context
+        for handle in plugin.needs:  # a loop, no list: on most calls nothing is missing
+            if getattr(context, handle) is None:
+                missing = [need for need in plugin.needs if getattr(context, need) is None]
+                return f"needs {' and '.join(missing)}, which this node lacks"
+        if settings is not None and getattr(settings, "enabled", True) is False:
+            spec = plugin.settings_spec
+            assert spec is not None and qos is not None  # settings come from the spec's section for qos
             return f"{plugin.name}.{spec.class_entry[QoSClass(qos)]}.enabled is false"
         return ""
 
     def _settings_kwargs(self, plugin: Plugin, section: SectionSettings | None) -> dict[str, Any]:
         """``section``, ``settings_for`` and ``state`` for the plugin's handlers, from its policy ``section``."""
-
-        def settings_for(qos: QoSClass | str) -> Any:
-            return section.for_class(qos) if section is not None else None
-
         return {
             "section": section.common if section is not None else None,
-            "settings_for": settings_for,
+            # The section's own method: a closure per plugin per hook call would do the same.
+            "settings_for": section.for_class if section is not None else _no_settings,
             "state": self._states.get(plugin.name),
         }
 
@@ -254,6 +254,11 @@ class PluginRunner:
         self.plugins: tuple[Plugin, ...] = tuple(sorted(plugins, key=lambda p: (p.order, p.name)))
         self._by_point = {
             point: tuple(plugin for plugin in self.plugins if point in plugin.hook_points) for point in HookPoint
+        }
+        # What run() calls at each point, looked up once, not once per plugin per call.
+        self._handlers: dict[HookPoint, tuple[tuple[Plugin, Handler], ...]] = {
+            point: tuple((plugin, _handler(plugin, point)) for plugin in plugins)
+            for point, plugins in self._by_point.items()
         }
 
     @property
@@ -283,38 +288,43 @@ class PluginRunner:
         policy = self.context.policy()
         kind = point.kind
         result = RunResult(HookResponse(kind))
-        bound = {"hook": point.value, "pod": f"{pod.namespace}/{pod.name}"}
+        qos_class = resolution.qos_class
+        context = self.context
+        hook = point.value  # an enum's value is a property: read once, not per plugin
+        bound = {"hook": hook, "pod": f"{pod.namespace}/{pod.name}"}
         if container is not None:
             bound["container"] = container.name
         pod = self._view(pod, policy, "info", bound)
-        owners = FieldOwners()
-        for plugin in self._by_point[point]:
+        owners: FieldOwners | None = None  # made when a plugin changes something (few do)
+        for plugin, handler in self._handlers[point]:
             section = policy.section(plugin.settings_spec) if plugin.settings_spec is not None else None
-            skip = self._skip_reason(plugin, resolution.qos_class, section)
+            settings = section.for_class(qos_class) if section is not None else None
+            skip = self._skip_reason(plugin, qos_class, settings)
             if skip:
                 result.skipped[plugin.name] = skip
-                log.debug("plugin not called", plugin=plugin.name, reason=skip, **bound)
+                if debug_enabled():  # a disabled level still binds a logger when looked up
+                    log.debug("plugin not called", plugin=plugin.name, reason=skip, **bound)
                 continue
-            handler = plugin.handler(point)
-            assert handler is not None
             response = HookResponse(kind)
-            given = self._settings_kwargs(plugin, section)
             kwargs: dict[str, Any] = {
                 "hook": point,
                 "pod": pod,
                 "container": container,
-                "qos": resolution.qos_class,
+                "qos": qos_class,
                 "qos_resolution": resolution,
-                "settings": given["settings_for"](resolution.qos_class),
-                **given,
+                "settings": settings,
+                **self._settings_kwargs(plugin, section),
                 "response": response,
-                "cgroups": self.context.cgroups,
-                "resctrl": self.context.resctrl,
-                "log": _PluginLog({"plugin": plugin.name, **bound}),
+                "cgroups": context.cgroups,
+                "resctrl": context.resctrl,
+                "log": _PluginLog(plugin.name, bound),
                 "plugin": plugin,
-                "dry_run": self.context.dry_run,
+                "dry_run": context.dry_run,
             }
-            outcome, reason, _ = await self._call(plugin, handler, point.value, kwargs)
+            if handler.never_suspends:  # most handlers: no coroutine of the runner's own either
+                outcome, reason, _ = self._call_now(plugin, handler, hook, kwargs)
+            else:
+                outcome, reason, _ = await self._call(plugin, handler, hook, kwargs)
             if outcome == "ok" and response.untouched():  # nothing to check, merge or own
                 result.applied.append(plugin.name)
                 continue
@@ -323,11 +333,13 @@ class PluginRunner:
                 if problems:
                     outcome, reason = "invalid", "; ".join(problems)
             if outcome == "ok":
+                if owners is None:
+                    owners = FieldOwners()
                 owners.take(plugin.name, response, functools.partial(self._overwritten, bound))
                 result.response.merge(response)
                 result.applied.append(plugin.name)
                 continue
-            failure = PluginFailure(plugin.name, point.value, outcome, reason, plugin.failure_policy)
+            failure = PluginFailure(plugin.name, hook, outcome, reason, plugin.failure_policy)
             self._log_failure(failure, bound)
             if plugin.failure_policy == "fail":
                 raise HookCallFailed(failure)
@@ -449,26 +461,48 @@ class PluginRunner:
 
     async def _call(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
         """Outcome, reason and (when "ok") the handler's return value."""
+        if handler.never_suspends:
+            return self._call_now(plugin, handler, hook, kwargs)
         started = time.perf_counter()
         if handler.is_async:
             called = await self._call_async(plugin, handler, kwargs)
         else:
             called = await self._call_sync(plugin, handler, kwargs)
-        self.metrics.calls.record((plugin.name, hook), called[0], time.perf_counter() - started)
+        return self._counted(plugin, hook, called, started)
+
+    def _call_now(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
+        """``_call`` for an async handler that cannot suspend (Handler.never_suspends): run to its end
+        at once, in a copy of the current context as a task would (its context changes stay its own)."""
+        started = time.perf_counter()
+        try:
+            coro = handler.fn(**kwargs)  # raises only for a call that does not fit its signature
+            contextvars.copy_context().run(coro.send, None)
+        except StopIteration as stop:
+            called: _Called = ("ok", "", stop.value)
+        except asyncio.CancelledError:
+            called = ("error", "cancelled", None)
+        except Exception as exc:
+            called = ("error", _reason(exc), None)
+        else:  # cannot happen for a body without await; never leave it half run
+            coro.close()
+            called = ("error", "suspended although its body has no await", None)
+        return self._counted(plugin, hook, called, started)
+
+    def _counted(self, plugin: Plugin, hook: str, called: _Called, started: float) -> _Called:
+        """``called``, recorded in the metrics (and the trace) as a call that began at ``started``."""
+        seconds = time.perf_counter() - started
+        self.metrics.calls.record((plugin.name, hook), called[0], seconds)
         if trace.ON:  # bench/pod_timeline.py: each plugin's part of a hook call
-            trace.event(
-                "hooks.plugin", plugin=plugin.name, hook=hook, outcome=called[0], seconds=time.perf_counter() - started
-            )
+            trace.event("hooks.plugin", plugin=plugin.name, hook=hook, outcome=called[0], seconds=seconds)
         return called
 
     async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> _Called:
+        """A handler that may suspend, as a task of its own, within its timeout."""
         started = time.monotonic()
         try:
             awaitable = handler.fn(**kwargs)
         except Exception as exc:  # the call itself raised before returning a coroutine
             return "error", _reason(exc), None
-        if handler.never_suspends:
-            return _run_to_end(awaitable)
         try:
             # A handler that can suspend runs as a task of its own: asyncio.timeout() and anything
             # else keyed on the current task must find the handler's, not the hook call's.
@@ -563,15 +597,16 @@ class _PluginLog:
     """A handler's logger, bound to its plugin and call on first use: most calls log nothing, and
     a bind builds a whole logger (about 2 us; loggers are not cached, runtimeproxy/logs.py)."""
 
-    __slots__ = ("_bound", "_fields")
+    __slots__ = ("_bound", "_call", "_plugin")
 
-    def __init__(self, fields: dict[str, str]) -> None:
-        self._fields = fields
+    def __init__(self, plugin: str, call: Mapping[str, str]) -> None:
+        self._plugin = plugin
+        self._call = call  # the hook call's fields, shared by its plugins' loggers
         self._bound: Any = None
 
     def __getattr__(self, name: str) -> Any:
         if self._bound is None:
-            self._bound = _plugin_log.bind(**self._fields)
+            self._bound = _plugin_log.bind(plugin=self._plugin, **self._call)
         return getattr(self._bound, name)
 
 
@@ -579,19 +614,15 @@ class _ReturnedAwaitable(Exception):
     pass
 
 
-def _run_to_end(coro: Any) -> _Called:
-    """Run a coroutine that cannot suspend (Handler.never_suspends) at once, in a copy of the
-    current context as a task would: its context changes stay its own."""
-    try:
-        contextvars.copy_context().run(coro.send, None)
-    except StopIteration as stop:
-        return "ok", "", stop.value
-    except asyncio.CancelledError:
-        return "error", "cancelled", None
-    except Exception as exc:
-        return "error", _reason(exc), None
-    coro.close()  # cannot happen for a body without await; never leave it half run
-    return "error", "suspended although its body has no await", None
+def _no_settings(qos: QoSClass | str) -> None:
+    """``settings_for`` of a plugin without a policy section."""
+    return None
+
+
+def _handler(plugin: Plugin, point: HookPoint) -> Handler:
+    handler = plugin.handler(point)
+    assert handler is not None  # the plugin is listed at point because it has a handler there
+    return handler
 
 
 def _late_end(plugin: str, work: concurrent.futures.Future[Any]) -> None:

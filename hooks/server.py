@@ -48,7 +48,6 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Final
 
 import structlog
@@ -66,7 +65,7 @@ from runtimeproxy.listener import UnixListener, open_unix_listener
 from runtimeproxy.relay.grpc_wire import StatusCode
 
 from .changes import HookResponse
-from .convert import resources_from_proto, resources_to_proto
+from .convert import frozen_map, resources_from_proto, resources_to_proto
 from .runner import HookCallFailed, PluginRunner
 from .views import ContainerInfo, PodInfo
 
@@ -122,10 +121,6 @@ class ServerSettings:
 # --- requests -> plugin view ------------------------------------------------------------------
 
 
-def _env_value(value: bytes) -> str:
-    return value.decode("utf-8", "surrogateescape")
-
-
 def pod_from_request(request: Any) -> PodInfo:
     """A PodSandboxHookRequest as PodInfo."""
     return _pod_info(request, "")
@@ -150,8 +145,8 @@ def _pod_info(request: Any, prefix: str) -> PodInfo:
         uid=meta.uid,
         attempt=meta.attempt,
         sandbox_id=request.pod_sandbox_id,
-        labels=MappingProxyType(dict(getattr(request, prefix + "labels"))),
-        annotations=MappingProxyType(dict(getattr(request, prefix + "annotations"))),
+        labels=frozen_map(getattr(request, prefix + "labels")),
+        annotations=frozen_map(getattr(request, prefix + "annotations")),
         cgroup_parent=getattr(request, prefix + "cgroup_parent"),
         runtime_handler=request.runtime_handler,
         resources=resources("resources"),
@@ -166,15 +161,15 @@ def container_from_request(request: Any) -> ContainerInfo:
     else from Koordinator's ``container_envs`` map (sorted by name: a map has no order).
     """
     meta = request.container_meta
-    if request.container_env_list:
-        env = tuple((kv.key, _env_value(kv.value)) for kv in request.container_env_list)
+    if request.container_env_list:  # values as str that round-trip (surrogateescape); a list: no generator
+        env = tuple([(kv.key, kv.value.decode("utf-8", "surrogateescape")) for kv in request.container_env_list])
     else:
         env = tuple(sorted(request.container_envs.items()))
     return ContainerInfo(
         name=meta.name,
         id=meta.id,
         attempt=meta.attempt,
-        annotations=MappingProxyType(dict(request.container_annotations)),
+        annotations=frozen_map(request.container_annotations),
         resources=(
             resources_from_proto(request.container_resources) if request.HasField("container_resources") else None
         ),

@@ -377,7 +377,10 @@ class SectionSettings:
         """The settings for pods of class ``qos`` (the entry the class uses); None without per-class settings."""
         if not self.entries:
             return None
-        return self.entries[self.class_entry[QoSClass(qos)]]
+        # A class (a StrEnum) or its name finds its entry without an enum call (twice per plugin per
+        # hook call); anything else goes through QoSClass(), which refuses it with ValueError.
+        entry = self.class_entry.get(qos) if isinstance(qos, str) else None  # type: ignore[call-overload]
+        return self.entries[entry if entry is not None else self.class_entry[QoSClass(qos)]]
 
     def plain(self) -> dict[str, Any]:
         """The section as YAML data: the section-wide keys first, then one mapping per entry."""

@@ -9,6 +9,8 @@ converts between the two by re-encoding; tests/dispatch/test_dispatch_resource_f
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, cast
 
@@ -17,7 +19,7 @@ from google.protobuf.message import Message
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 
-__all__ = ["FIELDS", "INTS", "SCALARS", "STRINGS", "fill", "is_map"]
+__all__ = ["FIELDS", "INTS", "SCALARS", "SCALAR_VALUES", "STRINGS", "fill", "is_map"]
 
 M = TypeVar("M", bound=Message)
 
@@ -39,25 +41,49 @@ def _names(keep: Callable[[FieldDescriptor], bool]) -> tuple[str, ...]:
 FIELDS: Final = _names(lambda fd: True)
 #: The single-valued fields (numbers and strings), where 0 / "" is proto3's "not set".
 SCALARS: Final = _names(lambda fd: not fd.is_repeated and fd.message_type is None)
+#: SCALAR_VALUES(x): the SCALARS' values of ``x`` (a message or a plain object) as a tuple, read in C.
+SCALAR_VALUES: Final = operator.attrgetter(*SCALARS)
 #: The numeric ones among SCALARS.
 INTS: Final = _names(lambda fd: not fd.is_repeated and fd.cpp_type == FieldDescriptor.CPPTYPE_INT64)
 #: The string ones among SCALARS.
 STRINGS: Final = _names(lambda fd: not fd.is_repeated and fd.type == FieldDescriptor.TYPE_STRING)
 
 
+# How fill sets a field: plainly, a map, a list of messages (by its items' field names), a list.
+_SCALAR, _MAP, _MESSAGES, _LIST = range(4)
+
+
+@functools.cache
+def _layout(descriptor: Any) -> tuple[tuple[str, int, tuple[str, ...]], ...]:
+    """(name, how fill sets it, item field names) of each field of the message type ``descriptor``;
+    read once per type, not per call (is_map alone reads the field's options)."""
+    layout = []
+    for fd in descriptor.fields:
+        if is_map(fd):
+            layout.append((fd.name, _MAP, ()))
+        elif fd.is_repeated and fd.message_type is not None:
+            layout.append((fd.name, _MESSAGES, tuple(sub.name for sub in fd.message_type.fields)))
+        else:
+            layout.append((fd.name, _LIST if fd.is_repeated else _SCALAR, ()))
+    return tuple(layout)
+
+
 def fill(message: M, source: Any) -> M:
     """Set every resource field of ``message`` (CRI's or the hook API's LinuxContainerResources)
     from the attributes of the same names on ``source`` (e.g. the plugin SDK's ``Resources``);
     list items (``hugepage_limits``) are read by their fields' names too. Returns ``message``."""
-    for fd in message.DESCRIPTOR.fields:
-        value, target = getattr(source, fd.name), getattr(message, fd.name)
-        if is_map(fd):
-            target.update(value)
-        elif fd.is_repeated and fd.message_type is not None:
+    for name, how, item_fields in _layout(message.DESCRIPTOR):
+        value = getattr(source, name)
+        if how == _SCALAR:
+            setattr(message, name, value)
+        elif how == _MAP:
+            target = getattr(message, name)
+            for key in value:  # what update() does with a mapping, without its Python-level frames
+                target[key] = value[key]
+        elif how == _MESSAGES:
+            target = getattr(message, name)
             for item in value:
-                target.add(**{sub.name: getattr(item, sub.name) for sub in fd.message_type.fields})
-        elif fd.is_repeated:
-            target.extend(value)
+                target.add(**{sub: getattr(item, sub) for sub in item_fields})
         else:
-            setattr(message, fd.name, value)
+            getattr(message, name).extend(value)
     return message

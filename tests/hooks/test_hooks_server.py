@@ -366,7 +366,7 @@ async def test_the_proxys_hook_calls_and_runtime_hooks_share_one_limit(short_dir
     await server.start()
     registry = HookRegistry(str(short_dir / "hookserver.d"))
     await registry.start()
-    request = container_request(container_annotations={"big": "x" * (8 * MiB)})
+    request = container_request(container_annotations={"big": "x" * (8 * MiB)}).SerializeToString()
     try:
         dispatchers = (Dispatcher(registry), Dispatcher(registry, max_message_size=4 * MiB))
         answered: list[int] = []
