@@ -15,6 +15,9 @@ windows, protocol errors), itself on the relay's frame helpers and HPACK code:
   as the spec's tables say;
 * a deadline travels as grpc-timeout and is enforced locally (RST_STREAM CANCEL, then
   DEADLINE_EXCEEDED); a cancelled caller resets its stream too;
+* the usual call (a connection with a stream free, the request within the windows) takes no
+  lock and no timeout context: a timer ends its future at the deadline. A hook call comes after
+  an idle gap, with cold CPU caches, where every Python call on the path costs;
 * responses up to ``max_message_size`` are accepted: our windows are opened that far and
   credited back once half of one is used (so a response of normal size costs no
   WINDOW_UPDATE); a larger one ends the call with RESOURCE_EXHAUSTED.
@@ -29,14 +32,26 @@ import asyncio
 import contextlib
 import functools
 import math
-from typing import Final
+from collections.abc import Awaitable
+from typing import Final, TypeVar
 
-from runtimeproxy.h2peer import H2Peer, PeerStream, RpcError, details_of, header_frames, status_of
+from runtimeproxy.h2peer import (
+    GRPC_OK_TRAILERS,
+    GRPC_RESPONSE_HEADERS,
+    H2Peer,
+    PeerStream,
+    RpcError,
+    details_of,
+    header_frames,
+    status_of,
+)
 from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.grpc_wire import StatusCode
 from runtimeproxy.relay.hpack_literal import encode_literal_block
 
 __all__ = ["H2Channel", "RpcError", "details_of", "status_of"]
+
+T = TypeVar("T")
 
 # Times a call the server refused unprocessed is sent again before its UNAVAILABLE stands.
 TRANSPARENT_RETRIES: Final = 3
@@ -61,10 +76,15 @@ _HTTP_CODES: Final[dict[str, StatusCode]] = {
     "503": StatusCode.UNAVAILABLE,
     "504": StatusCode.UNAVAILABLE,
 }
+# The fields of GRPC_OK_TRAILERS, for the trailers of a call that went well.
+_OK_FIELDS: Final = dict(GRPC_OK_TRAILERS)
 
 
 def timeout_header(seconds: float) -> str:
     """grpc-timeout for ``seconds``, rounded up, in the finest unit that fits 8 digits."""
+    value = math.ceil(seconds * 1e3)
+    if 0 < value <= _TIMEOUT_DIGITS_MAX:  # the usual case
+        return f"{value}m"
     for unit, scale in (("m", 1e3), ("S", 1.0), ("M", 1 / 60), ("H", 1 / 3600)):
         value = max(1, math.ceil(seconds * scale))
         if value <= _TIMEOUT_DIGITS_MAX:
@@ -72,10 +92,11 @@ def timeout_header(seconds: float) -> str:
     return f"{_TIMEOUT_DIGITS_MAX}H"
 
 
-@functools.lru_cache(maxsize=64)  # a channel calls a few methods (the hook points, the store's calls)
-def _request_head(method: str) -> bytes:
-    """A request's header fields but grpc-timeout: literals, so a block is the concatenation of
-    its fields' encodings and this part is the same on every call of ``method``."""
+# A channel calls a few methods (the hook points, the store's calls), each mostly with the same
+# timeout, rounded up to milliseconds: so most calls find their header block here.
+@functools.lru_cache(maxsize=256)
+def _request_headers(method: str, timeout: str) -> bytes:
+    """A request's header block (literals: our encoder keeps no dynamic table)."""
     return encode_literal_block([
         (":method", "POST"),
         (":scheme", "http"),
@@ -83,7 +104,21 @@ def _request_head(method: str) -> bytes:
         (":authority", "localhost"),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
+        ("grpc-timeout", timeout),
     ])
+
+
+def _deadline_exceeded(timeout: float) -> RpcError:
+    return RpcError(StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3f} s")
+
+
+async def _by_deadline(step: Awaitable[T], deadline: float, timeout: float) -> T:
+    """``step`` (connecting, waiting for a stream or a window), DEADLINE_EXCEEDED at ``deadline``."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await step
+    except TimeoutError:
+        raise _deadline_exceeded(timeout) from None
 
 
 class _Call(PeerStream):
@@ -91,9 +126,9 @@ class _Call(PeerStream):
 
     __slots__ = ("body", "done", "headers", "unacked")
 
-    def __init__(self, send_window: int) -> None:
-        super().__init__(send_window)
-        self.done: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    def __init__(self, send_window: int, done: asyncio.Future[bytes]) -> None:
+        self.send_window = send_window  # PeerStream's, set here: a call less per call
+        self.done = done
         self.headers: list[tuple[str, str]] | None = None  # response headers, once received
         self.body = bytearray()
         self.unacked = 0  # bytes received on the stream and not yet credited back
@@ -108,6 +143,10 @@ class _Call(PeerStream):
             self.done.set_exception(result)
         else:
             self.done.set_result(result)
+
+    def expire(self, timeout: float) -> None:
+        """The deadline passed (a timer): the caller gets DEADLINE_EXCEEDED and resets the stream."""
+        self.finish(_deadline_exceeded(timeout))
 
 
 class _Connection(H2Peer[_Call]):
@@ -128,13 +167,16 @@ class _Connection(H2Peer[_Call]):
     async def stream_slot(self) -> bool:
         """Wait while the peer's SETTINGS_MAX_CONCURRENT_STREAMS are all in use (as grpc-core
         queues such calls); False if the connection can no longer take calls."""
-        while self.usable and len(self.calls) >= self.peer_max_streams:
-            self.progress.clear()
-            await self.progress.wait()
+        while self.usable and len(self.streams) >= self.peer_max_streams:
+            await self.wait_progress()
         return self.usable
 
+    def has_slot(self) -> bool:
+        """Whether a call can open a stream now, without waiting."""
+        return self.usable and len(self.streams) < self.peer_max_streams
+
     def _pop(self, stream_id: int) -> _Call | None:
-        call = self.calls.pop(stream_id, None)
+        call = self.streams.pop(stream_id, None)
         if call is not None:
             self.stream_over()
         return call
@@ -144,13 +186,19 @@ class _Connection(H2Peer[_Call]):
         self.next_id += 2
         if self.next_id > frames.MAX_STREAM_ID:
             self.usable = False  # this is the last stream of the connection
-        call = _Call(self.peer_window)
-        self.calls[stream_id] = call
+        call = _Call(self.peer_window, self.loop.create_future())
+        self.streams[stream_id] = call
         return stream_id, call
 
     async def send_request(self, stream_id: int, call: _Call, headers: bytes, message: bytes) -> None:
         head = header_frames(stream_id, headers, False, self.peer_max_frame)
         await self.send(stream_id, call, head, message, b"")
+
+    def send_request_now(self, stream_id: int, call: _Call, headers: bytes, message: bytes) -> bytes | None:
+        """Send the request when it fits the windows at once (None); else the HEADERS frames to
+        send with it once there is room (`send`), nothing sent yet."""
+        head = header_frames(stream_id, headers, False, self.peer_max_frame)
+        return None if self.send_now(stream_id, call, head, message, b"") else head
 
     def reset(self, stream_id: int) -> None:
         """Forget a stream the caller gave up on, and tell the peer (RST_STREAM CANCEL)."""
@@ -166,8 +214,7 @@ class _Connection(H2Peer[_Call]):
     # -- what the peer sends ---------------------------------------------------------------------
 
     def _on_data(self, stream_id: int, data: bytes, end_stream: bool, flow_size: int) -> None:
-        self.credit_connection(flow_size)  # padding counts too (RFC 9113 section 6.1)
-        call = self.calls.get(stream_id)
+        call = self.streams.get(stream_id)
         if call is None:
             return  # a stream we reset: its data is dropped, the connection window credited
         if call.headers is None:
@@ -195,12 +242,14 @@ class _Connection(H2Peer[_Call]):
             call.unacked = 0
 
     def _on_headers(self, stream_id: int, headers: list[tuple[str, str]], end_stream: bool) -> None:
-        call = self.calls.get(stream_id)
+        call = self.streams.get(stream_id)
         if call is None:
             return
-        fields = dict(headers)
         if call.headers is None:  # the response headers (or trailers only)
             call.headers = headers
+            if headers == GRPC_RESPONSE_HEADERS and not end_stream:
+                return  # h2server's: nothing to check
+            fields = dict(headers)
             http_status = fields.get(":status", "")
             if http_status != "200" and "grpc-status" not in fields:
                 code = _HTTP_CODES.get(http_status, StatusCode.UNKNOWN)
@@ -215,6 +264,8 @@ class _Connection(H2Peer[_Call]):
         elif not end_stream:
             self._end(stream_id, StatusCode.INTERNAL, "a second header block without END_STREAM")
             return
+        else:
+            fields = _OK_FIELDS if headers == GRPC_OK_TRAILERS else dict(headers)
         self._trailers(stream_id, call, fields)
 
     def _trailers(self, stream_id: int, call: _Call, fields: dict[str, str]) -> None:
@@ -240,7 +291,7 @@ class _Connection(H2Peer[_Call]):
 
     def _end(self, stream_id: int, code: int, details: str, peer_done: bool = False) -> None:
         """End a call with an error; the stream is reset unless the peer already ended it."""
-        call = self.calls.get(stream_id)
+        call = self.streams.get(stream_id)
         if call is None:
             return
         if peer_done:
@@ -260,8 +311,8 @@ class _Connection(H2Peer[_Call]):
 
     def _on_goaway(self, last_stream_id: int, error_code: int) -> None:
         self.usable = False  # new calls open a new connection
-        for stream_id in [s for s in self.calls if s > last_stream_id]:  # never processed: safe to retry
-            self.calls[stream_id].finish(_Unprocessed(StatusCode.UNAVAILABLE, f"{self.name} is going away (GOAWAY)"))
+        for stream_id in [s for s in self.streams if s > last_stream_id]:  # never processed: safe to retry
+            self.streams[stream_id].finish(_Unprocessed(StatusCode.UNAVAILABLE, f"{self.name} is going away (GOAWAY)"))
             self._pop(stream_id)
 
     def _closed(self, reason: str) -> None:
@@ -298,36 +349,45 @@ class H2Channel:
                 f"request of {len(request)} bytes over the limit of {self.max_message_size} bytes",
             )
         message = grpc_wire.encode_message(request)
-        loop = asyncio.get_running_loop()
+        connection = self._connection
+        loop = connection.loop if connection is not None and connection.usable else asyncio.get_running_loop()
         deadline = loop.time() + timeout
         retries = 0
-        try:
-            async with asyncio.timeout_at(deadline):
-                while True:
-                    try:
-                        return await self._attempt(method, message, deadline - loop.time())
-                    except _Unprocessed:
-                        # The server never saw it (REFUSED_STREAM, or past a GOAWAY's last stream):
-                        # safe to send again, as gRPC's transparent retry does; a few times at most.
-                        retries += 1
-                        if retries > TRANSPARENT_RETRIES:
-                            raise
-        except TimeoutError:
-            raise RpcError(StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout:.3f} s") from None
+        while True:
+            try:
+                return await self._attempt(method, message, deadline, timeout)
+            except _Unprocessed:
+                # The server never saw it (REFUSED_STREAM, or past a GOAWAY's last stream):
+                # safe to send again, as gRPC's transparent retry does; a few times at most.
+                retries += 1
+                if retries > TRANSPARENT_RETRIES:
+                    raise
 
-    async def _attempt(self, method: str, message: bytes, timeout: float) -> bytes:
-        headers = _request_head(method) + encode_literal_block([("grpc-timeout", timeout_header(timeout))])
+    async def _attempt(self, method: str, message: bytes, deadline: float, timeout: float) -> bytes:
+        connection = self._connection
+        if connection is None or not connection.has_slot():
+            connection = await _by_deadline(self._slot(), deadline, timeout)
+        loop = connection.loop
+        headers = _request_headers(method, timeout_header(deadline - loop.time()))
+        stream_id, call = connection.open_stream()
+        timer = loop.call_at(deadline, call.expire, timeout)
+        try:
+            head = connection.send_request_now(stream_id, call, headers, message)
+            if head is not None:  # waits for the server's windows
+                await _by_deadline(connection.send(stream_id, call, head, message, b""), deadline, timeout)
+            return await call.done
+        finally:  # a stream still open (deadline, cancellation) is reset: the server stops too
+            timer.cancel()
+            connection.reset(stream_id)
+            if connection.retired and not connection.streams:
+                connection.close()
+
+    async def _slot(self) -> _Connection:
+        """A connection (a new one if need be) with a stream free for a call."""
         connection = await self._connected()
         while not await connection.stream_slot():
             connection = await self._connected()
-        stream_id, call = connection.open_stream()
-        try:
-            await connection.send_request(stream_id, call, headers, message)
-            return await call.done
-        finally:  # a stream still open (deadline, cancellation) is reset: the server stops too
-            connection.reset(stream_id)
-            if connection.retired and not connection.calls:
-                connection.close()
+        return connection
 
     async def _connected(self) -> _Connection:
         if self._connecting is None:
@@ -338,7 +398,7 @@ class H2Channel:
                 return connection
             if connection is not None:  # its calls in flight may still finish (GOAWAY)
                 connection.retired = True
-                if not connection.calls:
+                if not connection.streams:
                     connection.close()
             made = _Connection(f"unix://{self.path}", self.max_message_size)
             try:
@@ -358,8 +418,7 @@ class H2Channel:
         if grace:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
-                    while connection.calls:
-                        connection.progress.clear()
-                        await connection.progress.wait()
+                    while connection.streams:
+                        await connection.wait_progress()
         connection.close()
         await asyncio.sleep(0)  # let the transport act on the close

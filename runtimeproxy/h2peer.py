@@ -15,12 +15,17 @@ connection state both sides need the same way:
 * sending a message body within the peer's stream and connection windows and its maximum
   frame size (`send`): what fits goes out in one write, the rest once WINDOW_UPDATEs open room;
 * our receive windows: opened at once to a whole message of the largest size, so a large
-  message needs no round trips, and credited back by the subclass (`credit_connection`);
+  message needs no round trips; the connection's credited back here as DATA arrives (batched
+  to half a window), a stream's by the subclass if it needs to;
 * protocol errors: GOAWAY with the RFC's error code, connection closed, one log line.
 
 Subclasses get the stream-level events (`_on_headers`, `_on_data`, `_on_rst_stream`,
 `_on_goaway`) and the end of the connection (`_closed`, exactly once). Also here: `RpcError`,
 the status of a failed call on either side, and the helpers reading one.
+
+A call's frames (unpadded DATA, a header block in one HEADERS frame) are handled by the read
+loop itself, and a read of whole frames is parsed in place, without a copy: a hook call comes
+after an idle gap, with cold CPU caches, so every Python call and object on its path costs.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ from runtimeproxy.relay.grpc_wire import StatusCode
 from runtimeproxy.relay.hpack_cache import CachingDecoder
 
 __all__ = [
+    "GRPC_OK_TRAILERS",
+    "GRPC_RESPONSE_HEADERS",
     "MAX_HEADER_BLOCK",
+    "MAX_LITERAL_BLOCKS",
     "SETTINGS_MAX_CONCURRENT_STREAMS",
     "H2Peer",
     "PeerStream",
@@ -66,6 +74,12 @@ MAX_HEADER_BLOCK: Final = 64 * 1024
 # Literal-only header blocks remembered per connection (emptied when full): our server sends
 # the same response headers and trailers on every call.
 MAX_LITERAL_BLOCKS: Final = 64
+# What our server answers a call that went well, before and after the message: the client
+# recognises these lists (a comparison) instead of reading them field by field.
+GRPC_RESPONSE_HEADERS: Final = [(":status", "200"), ("content-type", "application/grpc")]
+GRPC_OK_TRAILERS: Final = [("grpc-status", "0")]
+# HEADERS flags that send a frame the general way: a block continued, padding, priority.
+_PLAIN_HEADERS_MASK: Final = frames.FLAG_END_HEADERS | frames.FLAG_PADDED | frames.FLAG_PRIORITY
 
 
 class RpcError(Exception):
@@ -108,9 +122,10 @@ def details_of(exc: BaseException) -> str:
 def header_frames(stream_id: int, block: bytes, end_stream: bool, max_frame: int) -> bytes:
     """``block`` as one HEADERS frame, or HEADERS plus CONTINUATION frames when it is longer
     than the peer's maximum frame size (RFC 9113 section 6.10)."""
-    if len(block) <= max_frame:  # the usual case: one frame
+    size = len(block)
+    if size <= max_frame:  # the usual case: one frame (frames.frame, inlined: a call less)
         flags = frames.FLAG_END_HEADERS | (frames.FLAG_END_STREAM if end_stream else 0)
-        return frames.frame(frames.HEADERS, flags, stream_id, block)
+        return frames.FRAME_HEADER.pack(size >> 8, size & 0xFF, frames.HEADERS, flags, stream_id) + block
     pieces = [block[i : i + max_frame] for i in range(0, len(block), max_frame)] or [b""]
     out = bytearray()
     for n, piece in enumerate(pieces):
@@ -213,6 +228,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         self.limit = max_message_size
         # Our receive windows: a whole message of the largest size fits at once.
         self.window = min(max_message_size + grpc_wire.PREFIX_LEN, frames.MAX_WINDOW_INCREMENT)
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, S] = {}
         self.lost: str | None = None  # why the connection ended, once it has
@@ -225,6 +241,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         self.peer_max_streams = frames.MAX_STREAM_ID  # no limit until the peer sets one
         self.send_window = frames.DEFAULT_WINDOW  # connection-level, towards the peer
         self.progress = asyncio.Event()  # set when a window opens or a stream ends
+        self._waiting = 0  # coroutines in wait_progress: a stream's end wakes them only
         self.unacked = 0  # connection-level bytes received and not yet credited back
         self._server = server
         self._settings_sent = {
@@ -234,7 +251,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             **(settings or {}),
         }
         self._preface_seen = not server  # a server first reads the client's preface
-        self._buffer = bytearray()
+        self._buffer = bytearray()  # the start of a frame that the last read cut
         self._headers_of = 0  # stream whose header block continues in CONTINUATION frames
         self._block = bytearray()
         self._block_flags = 0
@@ -256,10 +273,16 @@ class H2Peer(asyncio.Protocol, Generic[S]):
     def data_received(self, data: bytes) -> None:
         if self.lost is not None:
             return
-        self._buffer += data
         try:
-            if self._preface_seen or self._take_preface():
-                self._parse()
+            if self._buffer:  # the rest of a cut frame first: one copy of it, then parsed in place
+                self._buffer += data
+                data = bytes(self._buffer)
+                self._buffer.clear()
+            offset = 0 if self._preface_seen else self._take_preface(data)
+            if offset is not None:
+                offset = self._parse(data, offset)
+                if offset < len(data) and self.lost is None:
+                    self._buffer += memoryview(data)[offset:]
         except ProtocolViolation as exc:
             log.warning(
                 "closing the HTTP/2 connection: the peer broke the protocol",
@@ -296,31 +319,41 @@ class H2Peer(asyncio.Protocol, Generic[S]):
 
     def stream_over(self) -> None:
         """A stream left ``streams``: senders waiting for a window check theirs again."""
-        self.progress.set()
+        if self._waiting:
+            self.progress.set()
+
+    async def wait_progress(self) -> None:
+        """Wait until a window opens, a stream ends or the connection is lost."""
+        self.progress.clear()
+        self._waiting += 1
+        try:
+            await self.progress.wait()
+        finally:
+            self._waiting -= 1
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and self.lost is None:
             self.transport.write(data)
 
-    def credit_connection(self, size: int) -> None:
-        """Give ``size`` bytes of the connection's receive window back; batched to half a window."""
-        self.unacked += size
-        if self.unacked >= self.window // 2:
-            self.write(frames.window_update(0, self.unacked))
-            self.unacked = 0
+    def send_now(self, stream_id: int, stream: S, head: bytes, body: bytes, tail: bytes) -> bool:
+        """`send` when the non-empty ``body`` fits in one DATA frame within the windows (the
+        usual case): written at once, in one write, and True; else nothing is written and False."""
+        take = len(body)
+        if 0 < take <= self.send_window and take <= stream.send_window and take <= self.peer_max_frame:
+            self.send_window -= take
+            stream.send_window -= take
+            flags = 0 if tail else frames.FLAG_END_STREAM  # frames.frame, inlined: a call less
+            data = frames.FRAME_HEADER.pack(take >> 8, take & 0xFF, frames.DATA, flags, stream_id)
+            self.write(head + data + body + tail)
+            return True
+        return False
 
     async def send(self, stream_id: int, stream: S, head: bytes, body: bytes, tail: bytes) -> bool:
         """Write ``head`` (frames), the non-empty ``body`` as DATA frames within the peer's
         windows and maximum frame size, then ``tail`` (frames). The last DATA frame carries
         END_STREAM when there is no tail. What fits at once goes out in one write. False when
         the stream or the connection ended while waiting for a window."""
-        take = len(body)
-        if 0 < take <= min(self.send_window, stream.send_window, self.peer_max_frame):
-            # The usual case, all in one DATA frame at once: no copies, no list of frames.
-            self.send_window -= take
-            stream.send_window -= take
-            data = frames.frame(frames.DATA, 0 if tail else frames.FLAG_END_STREAM, stream_id, body)
-            self.write(head + data + tail)
+        if self.send_now(stream_id, stream, head, body, tail):
             return True
         out = bytearray(head)
         view = memoryview(body)
@@ -337,8 +370,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             if out:
                 self.write(bytes(out))
                 out.clear()
-            self.progress.clear()
-            await self.progress.wait()
+            await self.wait_progress()
             if stream.ended() or self.lost is not None:
                 return False
 
@@ -357,34 +389,48 @@ class H2Peer(asyncio.Protocol, Generic[S]):
 
     # -- frames ----------------------------------------------------------------------------------
 
-    def _take_preface(self) -> bool:
-        """Whether the client preface is in (and consumed); a wrong one is a protocol error."""
-        got = bytes(self._buffer[: len(frames.PREFACE)])
+    def _take_preface(self, data: bytes) -> int | None:
+        """The length of the client preface once it is all in ``data`` (None before: ``data`` is
+        kept for the next read); a wrong one is a protocol error."""
+        got = data[: len(frames.PREFACE)]
         if not frames.PREFACE.startswith(got):
             raise ProtocolViolation(frames.PROTOCOL_ERROR, "the connection does not start with the HTTP/2 preface")
         if len(got) < len(frames.PREFACE):
-            return False
-        del self._buffer[: len(frames.PREFACE)]
+            self._buffer += data
+            return None
         self._preface_seen = True
-        return True
+        return len(frames.PREFACE)
 
-    def _parse(self) -> None:
-        buffer = self._buffer
-        offset = 0
-        while len(buffer) - offset >= frames.HEADER_LEN:
-            high, low, ftype, flags, stream_id = frames.FRAME_HEADER.unpack_from(buffer, offset)
+    def _parse(self, data: bytes, offset: int) -> int:
+        """Handle the whole frames in ``data`` from ``offset``; the offset after the last one."""
+        size = len(data)
+        while size - offset >= frames.HEADER_LEN:
+            high, low, ftype, flags, stream_id = frames.FRAME_HEADER.unpack_from(data, offset)
             length = high << 8 | low
             if length > frames.DEFAULT_MAX_FRAME:  # we never raise SETTINGS_MAX_FRAME_SIZE
                 raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes over the 16384 allowed")
             end = offset + frames.HEADER_LEN + length
-            if end > len(buffer):
+            if end > size:
                 break
-            payload = bytes(buffer[offset + frames.HEADER_LEN : end])
+            payload = data[offset + frames.HEADER_LEN : end]
             offset = end
-            self._frame(ftype, flags, stream_id & frames.MAX_STREAM_ID, payload)
+            stream_id &= frames.MAX_STREAM_ID
+            # A call's frames right here (see the module doc); the rest through _frame.
+            if self._headers_of or not stream_id:
+                self._frame(ftype, flags, stream_id, payload)
+            elif ftype == frames.DATA and not flags & frames.FLAG_PADDED:
+                self._credit_connection(length)
+                self._on_data(stream_id, payload, bool(flags & frames.FLAG_END_STREAM), length)
+            elif ftype == frames.HEADERS and flags & _PLAIN_HEADERS_MASK == frames.FLAG_END_HEADERS:
+                headers = self._literal_blocks.get(payload)
+                if headers is None:
+                    headers = self._decode(payload)
+                self._on_headers(stream_id, headers, bool(flags & frames.FLAG_END_STREAM))
+            else:
+                self._frame(ftype, flags, stream_id, payload)
             if self.lost is not None:
-                return
-        del buffer[:offset]
+                break
+        return offset
 
     def _frame(self, ftype: int, flags: int, stream_id: int, payload: bytes) -> None:
         if self._headers_of and ftype != frames.CONTINUATION:
@@ -423,6 +469,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         if flags & frames.FLAG_PADDED and payload[0] >= len(payload):
             raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA padding longer than the frame")
         start, end = frames.data_bounds(flags, payload, 0, len(payload))
+        self._credit_connection(len(payload))  # padding counts too (RFC 9113 section 6.1)
         self._on_data(stream_id, payload[start:end], bool(flags & frames.FLAG_END_STREAM), len(payload))
 
     def _header_fragment(self, ftype: int, flags: int, stream_id: int, payload: bytes) -> None:
@@ -445,26 +492,35 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             return
         self._headers_of = 0
         block = bytes(self._block)
-        try:  # every block is decoded, a reset stream's too: it may change the HPACK table
-            headers = self._literal_blocks.get(block)
+        headers = self._literal_blocks.get(block)
+        if headers is None:
+            headers = self._decode(block)
+        self._on_headers(stream_id, headers, bool(self._block_flags & frames.FLAG_END_STREAM))
+
+    def _decode(self, block: bytes) -> list[tuple[str, str]]:
+        """The header list of a whole ``block`` not among the remembered literal-only ones.
+
+        Every block is decoded, a reset stream's too: it may change the HPACK table. A
+        literal-only block is remembered for the next time the same bytes come."""
+        try:
+            headers = decode_literal_block(block)
             if headers is None:
-                headers = self._literal(block)
-            if headers is None:
-                headers = self.decoder.decode(block)
+                return self.decoder.decode(block)
         except hpack.OversizedHeaderListError:
             raise ProtocolViolation(ENHANCE_YOUR_CALM, f"header list over {MAX_HEADER_BLOCK} bytes") from None
         except hpack.HPACKError as exc:
             raise ProtocolViolation(COMPRESSION_ERROR, f"header block does not decode: {exc}") from None
-        self._on_headers(stream_id, headers, bool(self._block_flags & frames.FLAG_END_STREAM))
-
-    def _literal(self, block: bytes) -> list[tuple[str, str]] | None:
-        """`decode_literal_block`, remembered for the next time the same bytes come."""
-        headers = decode_literal_block(block)
-        if headers is not None:
-            if len(self._literal_blocks) >= MAX_LITERAL_BLOCKS:
-                self._literal_blocks.clear()  # e.g. requests, whose grpc-timeout differs each time
-            self._literal_blocks[block] = headers
+        if len(self._literal_blocks) >= MAX_LITERAL_BLOCKS:
+            self._literal_blocks.clear()  # e.g. requests, whose grpc-timeout differs each time
+        self._literal_blocks[block] = headers
         return headers
+
+    def _credit_connection(self, size: int) -> None:
+        """Give ``size`` bytes of the connection's receive window back; batched to half a window."""
+        self.unacked += size
+        if self.unacked >= self.window // 2:
+            self.write(frames.window_update(0, self.unacked))
+            self.unacked = 0
 
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id or (flags & frames.FLAG_ACK and payload) or len(payload) % 6:

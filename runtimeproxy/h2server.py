@@ -33,13 +33,17 @@ machinery it shares with our client (runtimeproxy.h2peer):
 Each call's handler runs as a task of its own, from the read that completed its request: so
 ``asyncio.current_task()``, ``asyncio.timeout()`` and cancellation work in it as in any task.
 (Running its first step inline, without a task, saved 0.03-0.06 ms a call but left
-``asyncio.timeout()`` unusable before a handler's first await.)
+``asyncio.timeout()`` unusable before a handler's first await.) Except a handler that provably
+cannot suspend (an ``async def`` without ``await``, ``async for`` or ``async with``:
+runtimeproxy.coroutines): it runs to its end in that read, in a copy of the context as a task
+would, with no task, timer or loop turn; nothing in it can wait for the deadline or be cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -47,8 +51,12 @@ from typing import Any, Final
 
 import structlog
 
+from runtimeproxy.coroutines import never_suspends
 from runtimeproxy.h2peer import (
     FLOW_CONTROL_ERROR,
+    GRPC_OK_TRAILERS,
+    GRPC_RESPONSE_HEADERS,
+    MAX_LITERAL_BLOCKS,
     SETTINGS_MAX_CONCURRENT_STREAMS,
     STREAM_CLOSED,
     H2Peer,
@@ -76,8 +84,8 @@ CANCEL_WAIT: Final = 1.0
 # Headers that are not the caller's metadata (PROTOCOL-HTTP2 "Call-Definition"; "grpc-" names
 # are reserved for gRPC itself).
 _CALL_DEFINITION: Final = frozenset({"te", "content-type", "user-agent"})
-_RESPONSE_HEADERS: Final = encode_literal_block([(":status", "200"), ("content-type", "application/grpc")])
-_OK_TRAILERS: Final = encode_literal_block([("grpc-status", "0")])
+_RESPONSE_HEADERS: Final = encode_literal_block(GRPC_RESPONSE_HEADERS)
+_OK_TRAILERS: Final = encode_literal_block(GRPC_OK_TRAILERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,23 @@ class CallInfo:
 UnaryHandler = Callable[[bytes, CallInfo], Awaitable[bytes]]
 
 
+class _RequestHead:
+    """What a request's header list says, kept per connection for the next request with the same
+    list (a client sends the same headers call after call): the loop over the fields, the
+    timeout's parsing and the method's lookup are done once."""
+
+    __slots__ = ("encoding", "handler", "inline", "metadata", "method", "refusal", "timeout")
+
+    def __init__(self, method: str, metadata: tuple[tuple[str, str], ...], encoding: str) -> None:
+        self.method = method
+        self.metadata = metadata
+        self.encoding = encoding
+        self.timeout: float | None = None  # grpc-timeout in seconds
+        self.handler: UnaryHandler | None = None
+        self.inline = False
+        self.refusal: tuple[int, str, str] | None = None  # (status, details, HTTP status)
+
+
 class _Stream(PeerStream):
     """One call: its request as it arrives, then the handler answering it."""
 
@@ -103,6 +128,7 @@ class _Stream(PeerStream):
         "flow",
         "gone",
         "handler",
+        "inline",
         "metadata",
         "method",
         "request_ended",
@@ -112,13 +138,14 @@ class _Stream(PeerStream):
     )
 
     def __init__(self, send_window: int, limit: int) -> None:
-        super().__init__(send_window)
+        self.send_window = send_window  # PeerStream's, set here: a call less per call
         self.body = bytearray()
         self.sizer = grpc_wire.MessageSizer(limit)
         self.flow = 0  # bytes received against our stream window
         self.request_ended = False  # the client's END_STREAM arrived
         self.method = ""
         self.handler: UnaryHandler | None = None
+        self.inline = False  # the handler cannot suspend: run at once, without a task
         self.metadata: tuple[tuple[str, str], ...] = ()
         self.encoding = "identity"
         self.deadline: float | None = None
@@ -147,6 +174,7 @@ class _Connection(H2Peer[_Stream]):
         self.last_seen = 0  # highest stream id the client opened
         self.last_accepted = 0  # highest stream id we process (GOAWAY's last stream id)
         self.draining = False  # GOAWAY sent: new streams are refused, the connection closes when idle
+        self._heads: dict[tuple[tuple[str, str], ...], _RequestHead] = {}  # bounded as h2peer's literal blocks
 
     def _last_stream_id(self) -> int:
         return self.last_accepted
@@ -188,6 +216,21 @@ class _Connection(H2Peer[_Stream]):
 
     def _read_headers(self, stream: _Stream, headers: list[tuple[str, str]]) -> tuple[int, str, str] | None:
         """Fill ``stream`` from the request headers; (status, details, HTTP status) to refuse it."""
+        key = tuple(headers)
+        head = self._heads.get(key)
+        if head is None:
+            head = self._read_head(headers)
+            if len(self._heads) >= MAX_LITERAL_BLOCKS:
+                self._heads.clear()
+            self._heads[key] = head
+        stream.method, stream.metadata, stream.encoding = head.method, head.metadata, head.encoding
+        stream.handler, stream.inline = head.handler, head.inline
+        if head.timeout is not None:
+            stream.deadline = self.loop.time() + head.timeout
+        return head.refusal
+
+    def _read_head(self, headers: list[tuple[str, str]]) -> _RequestHead:
+        """What the request headers say (see _RequestHead)."""
         fields: dict[str, str] = {}
         metadata = []
         for name, value in headers:
@@ -195,26 +238,28 @@ class _Connection(H2Peer[_Stream]):
                 fields[name] = value
             else:
                 metadata.append((name, value))
-        stream.method = path = fields.get(":path", "")
-        stream.metadata = tuple(metadata)
-        stream.encoding = fields.get("grpc-encoding", "identity")
+        path = fields.get(":path", "")
+        head = _RequestHead(path, tuple(metadata), fields.get("grpc-encoding", "identity"))
         if fields.get(":method") != "POST" or not path.startswith("/"):
-            return StatusCode.UNIMPLEMENTED, f"not a gRPC call: {fields.get(':method')} {path!r}", "405"
+            head.refusal = StatusCode.UNIMPLEMENTED, f"not a gRPC call: {fields.get(':method')} {path!r}", "405"
+            return head
         if not fields.get("content-type", "").startswith("application/grpc"):
-            return StatusCode.UNKNOWN, f"content-type {fields.get('content-type', '')!r} is not gRPC", "415"
+            head.refusal = StatusCode.UNKNOWN, f"content-type {fields.get('content-type', '')!r} is not gRPC", "415"
+            return head
         timeout = fields.get("grpc-timeout")
         if timeout is not None:
-            seconds = grpc_wire.parse_timeout(timeout)
-            if seconds is None:
-                return StatusCode.INTERNAL, f"malformed grpc-timeout {timeout!r}", "200"
-            stream.deadline = asyncio.get_running_loop().time() + seconds
-        stream.handler = self.server.handlers.get(path)
-        if stream.handler is None:
-            return StatusCode.UNIMPLEMENTED, f"unknown method {path}", "200"
-        return None
+            head.timeout = grpc_wire.parse_timeout(timeout)
+            if head.timeout is None:
+                head.refusal = StatusCode.INTERNAL, f"malformed grpc-timeout {timeout!r}", "200"
+                return head
+        route = self.server.routes.get(path)
+        if route is None:
+            head.refusal = StatusCode.UNIMPLEMENTED, f"unknown method {path}", "200"
+            return head
+        head.handler, head.inline = route
+        return head
 
     def _on_data(self, stream_id: int, data: bytes, end_stream: bool, flow_size: int) -> None:
-        self.credit_connection(flow_size)  # padding counts too (RFC 9113 section 6.1)
         stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id > self.last_seen:
@@ -271,20 +316,44 @@ class _Connection(H2Peer[_Stream]):
             self._answer_error(stream_id, stream, _bad_request_code(stream.encoding, bytes(stream.body)), str(exc))
             return
         stream.body = bytearray()
-        loop = asyncio.get_running_loop()
-        if stream.deadline is not None and stream.deadline <= loop.time():
+        if stream.deadline is not None and stream.deadline <= self.loop.time():
             self._answer_error(stream_id, stream, StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
             return
         assert stream.handler is not None
         info = CallInfo(stream.method, stream.metadata, stream.deadline)
-        self._start(stream_id, stream, self._run(stream_id, stream, stream.handler, request, info))
+        if stream.inline:
+            self._run_now(stream_id, stream, stream.handler, request, info)
+        else:
+            self._start(stream_id, stream, self._run(stream_id, stream, stream.handler, request, info))
 
     def _start(self, stream_id: int, stream: _Stream, call: Coroutine[Any, Any, None]) -> None:
         """Run ``call`` as a task of its own, under the deadline (see the module doc)."""
-        loop = asyncio.get_running_loop()
-        stream.task = loop.create_task(call)
+        stream.task = self.loop.create_task(call)
         if stream.deadline is not None:
-            stream.timer = loop.call_at(stream.deadline, self._expire, stream_id, stream)
+            stream.timer = self.loop.call_at(stream.deadline, self._expire, stream_id, stream)
+
+    def _run_now(self, stream_id: int, stream: _Stream, handler: UnaryHandler, request: bytes, info: CallInfo) -> None:
+        """Run a handler that cannot suspend to its end here and answer (see the module doc)."""
+        try:
+            coro: Coroutine[Any, Any, bytes] = handler(request, info)  # type: ignore[assignment]  # an async def's
+            contextvars.copy_context().run(coro.send, None)
+        except StopIteration as stop:
+            response = stop.value
+        except asyncio.CancelledError:  # the handler's own doing: nothing else cancels it here
+            self._answer_error(stream_id, stream, StatusCode.CANCELLED, "the handler was cancelled")
+            return
+        except Exception as exc:
+            self._handler_failed(stream_id, stream, info.method, exc)
+            return
+        else:  # cannot happen for a body without await; never leave it half run
+            coro.close()
+            log.error("gRPC handler suspended although it cannot", server=self.server.name, method=info.method)
+            self._answer_error(stream_id, stream, StatusCode.UNKNOWN, "the handler suspended")
+            return
+        if not self._respond(stream_id, stream, info.method, response):
+            # Waits for the client's windows in a task (cancelled with the stream), past the
+            # deadline as a task's answer does: the deadline is the handler's.
+            stream.task = self.loop.create_task(self._answer(stream_id, stream, bytes(response)))
 
     def _expire(self, stream_id: int, stream: _Stream) -> None:
         if self.streams.get(stream_id) is stream and stream.task is not None:
@@ -296,9 +365,6 @@ class _Connection(H2Peer[_Stream]):
     ) -> None:
         try:
             response = await handler(request, info)
-        except RpcError as exc:
-            self._answer_error(stream_id, stream, exc.code(), exc.details())
-            return
         except asyncio.CancelledError:
             # Cancelled by us (client reset, connection lost, server stopping): the stream is
             # forgotten already and nothing is answered. Else the deadline, or the handler's own doing.
@@ -308,33 +374,58 @@ class _Connection(H2Peer[_Stream]):
                 self._answer_error(stream_id, stream, StatusCode.CANCELLED, "the handler was cancelled")
             raise
         except Exception as exc:
-            log.exception("gRPC handler raised", server=self.server.name, method=info.method,
-                          error=f"{type(exc).__name__}: {exc}")
-            self._answer_error(stream_id, stream, StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
+            self._handler_failed(stream_id, stream, info.method, exc)
             return
         finally:
             if stream.timer is not None:
                 stream.timer.cancel()
         if stream.expired:  # the handler swallowed its cancellation: the caller has given up
             self._answer_error(stream_id, stream, StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        elif not isinstance(response, bytes | bytearray | memoryview):
-            log.error("gRPC handler returned no bytes", server=self.server.name, method=info.method,
+        elif not self._respond(stream_id, stream, info.method, response):
+            await self._answer(stream_id, stream, bytes(response))
+
+    def _handler_failed(self, stream_id: int, stream: _Stream, method: str, exc: Exception) -> None:
+        """Answer a handler's exception: its status if it is an `RpcError`, else UNKNOWN (logged)."""
+        if isinstance(exc, RpcError):
+            self._answer_error(stream_id, stream, exc.code(), exc.details())
+            return
+        log.exception("gRPC handler raised", server=self.server.name, method=method,
+                      error=f"{type(exc).__name__}: {exc}")
+        self._answer_error(stream_id, stream, StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}")
+
+    def _respond(self, stream_id: int, stream: _Stream, method: str, response: object) -> bool:
+        """Answer what a handler returned when that needs no wait: an error for anything but
+        bytes within the limit, else the response if it fits the windows. False when the response
+        must wait for a window (`_answer` sends it)."""
+        if not isinstance(response, bytes | bytearray | memoryview):
+            log.error("gRPC handler returned no bytes", server=self.server.name, method=method,
                       returned=type(response).__name__)
             self._answer_error(stream_id, stream, StatusCode.UNKNOWN, f"the handler returned {type(response).__name__}")
         elif len(response) > self.limit:
             details = f"response message of {len(response)} bytes is over the limit of {self.limit} bytes"
-            log.error("gRPC response refused", server=self.server.name, method=info.method, reason=details)
+            log.error("gRPC response refused", server=self.server.name, method=method, reason=details)
             self._answer_error(stream_id, stream, StatusCode.RESOURCE_EXHAUSTED, details)
-        else:
-            await self._answer(stream_id, stream, bytes(response))
+        elif self.streams.get(stream_id) is stream:
+            head, tail = self._answer_frames(stream_id)
+            if not self.send_now(stream_id, stream, head, grpc_wire.encode_message(bytes(response)), tail):
+                return False
+            self._forget(stream_id)
+        return True
 
     async def _answer(self, stream_id: int, stream: _Stream, response: bytes) -> None:
+        """Send the response as the windows allow."""
         if self.streams.get(stream_id) is not stream:
             return
-        head = header_frames(stream_id, _RESPONSE_HEADERS, False, self.peer_max_frame)
-        tail = header_frames(stream_id, _OK_TRAILERS, True, self.peer_max_frame)
+        head, tail = self._answer_frames(stream_id)
         if await self.send(stream_id, stream, head, grpc_wire.encode_message(response), tail):
             self._forget(stream_id)
+
+    def _answer_frames(self, stream_id: int) -> tuple[bytes, bytes]:
+        """The response headers and OK trailers of a call that went well, as frames."""
+        max_frame = self.peer_max_frame
+        return header_frames(stream_id, _RESPONSE_HEADERS, False, max_frame), header_frames(
+            stream_id, _OK_TRAILERS, True, max_frame
+        )
 
     def _answer_error(self, stream_id: int, stream: _Stream, code: int, details: str, http_status: str = "200") -> None:
         """End the call with a trailers-only answer (and RST_STREAM NO_ERROR when the client is
@@ -357,7 +448,8 @@ class _Connection(H2Peer[_Stream]):
         if stream is not None:
             stream.gone = True
             self.stream_over()
-            self.server.changed.set()
+            if self.server.stopping:  # only stop() waits for it
+                self.server.changed.set()
             if self.draining and not self.streams and self.transport is not None:
                 self.transport.close()
         return stream
@@ -427,10 +519,12 @@ class H2Server:
     """
 
     def __init__(self, handlers: Mapping[str, UnaryHandler], *, max_message_size: int, name: str = "grpc") -> None:
-        self.handlers = dict(handlers)
+        # ":path" to the handler, and whether it runs at once (it cannot suspend; module doc).
+        self.routes = {path: (handler, never_suspends(handler)) for path, handler in handlers.items()}
         self.max_message_size = max_message_size
         self.name = name
-        self.changed = asyncio.Event()  # set when a call or a connection ends
+        self.changed = asyncio.Event()  # set when a call or a connection ends, once stopping
+        self.stopping = False
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
         self._serial = 0
@@ -456,6 +550,7 @@ class H2Server:
         server, self._server = self._server, None
         if server is None:
             return
+        self.stopping = True
         server.close()
         for connection in list(self._connections):
             connection.drain()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gzip
 import os
 import tempfile
@@ -147,9 +148,10 @@ def request_frames(
     timeout: str | None = None,
     content_type: str = "application/grpc",
     encoding: str | None = None,
+    path: str = METHOD,
 ) -> bytes:
     """One whole request on ``stream_id``: HEADERS (HPACK literals) and DATA, END_STREAM on the last."""
-    fields = [(":method", "POST"), (":scheme", "http"), (":path", METHOD), (":authority", "x"),
+    fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x"),
               ("content-type", content_type), ("te", "trailers")]
     if timeout is not None:
         fields.append(("grpc-timeout", timeout))
@@ -540,6 +542,90 @@ async def test_bad_requests_get_a_status_and_a_log_line() -> None:
         fields = await raw.answer(13)
         assert fields["grpc-status"] == "0" and calls.infos[-1].method == METHOD
         raw.close()
+
+
+SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="unset")
+
+
+def at_once_and_tasked(
+    answer: Callable[[bytes], bytes],
+) -> tuple[Callable[[bytes, CallInfo], Awaitable[bytes]], Callable[[bytes, CallInfo], Awaitable[bytes]]]:
+    """The same handler twice: one that cannot suspend (no await: run at once, without a task)
+    and one that can (an await: a task of its own)."""
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def at_once(request: bytes, info: CallInfo) -> bytes:
+        tasks.append(asyncio.current_task())
+        return answer(request)
+
+    async def tasked(request: bytes, info: CallInfo) -> bytes:
+        await asyncio.sleep(0)
+        return await at_once(request, info)
+
+    at_once.tasks = tasked.tasks = tasks  # type: ignore[attr-defined]
+    return at_once, tasked
+
+
+def _answer(request: bytes) -> bytes:
+    """What the test handlers do for ``request``: echo it, or fail as it says."""
+    if SEEN.get() != "unset":
+        raise AssertionError("an earlier handler's context change leaked")  # UNKNOWN: the test fails
+    SEEN.set("changed")  # a handler's context changes stay its own, as in a task
+    outcomes: dict[bytes, Callable[[], Any]] = {
+        b"rpc": lambda: _throw(RpcError(StatusCode.ABORTED, "refused")),
+        b"bug": lambda: _throw(KeyError("no such thing")),
+        b"cancel": lambda: _throw(asyncio.CancelledError()),
+        b"text": lambda: "not bytes",
+        b"big": lambda: b"y" * (LIMIT + 1),
+    }
+    return outcomes.get(request, lambda: request)()  # type: ignore[no-any-return]
+
+
+def _throw(exc: BaseException) -> None:
+    raise exc
+
+
+@both_loops
+async def test_a_handler_that_cannot_suspend_runs_at_once_and_answers_as_a_task_would() -> None:
+    at_once, tasked = at_once_and_tasked(_answer)
+    methods = {"/test.Echo/AtOnce": at_once, "/test.Echo/Tasked": tasked}
+    expected = {
+        b"echo": b"echo",
+        b"rpc": (StatusCode.ABORTED, "refused"),
+        b"bug": (StatusCode.UNKNOWN, "Unexpected KeyError: 'no such thing'"),
+        b"cancel": (StatusCode.CANCELLED, "the handler was cancelled"),
+        b"text": (StatusCode.UNKNOWN, "the handler returned str"),
+    }
+    with tempfile.TemporaryDirectory(prefix="h2s-") as tmp:
+        listener = open_unix_listener(os.path.join(tmp, "s.sock"))
+        server = H2Server(methods, max_message_size=LIMIT, name="test")
+        await server.start(listener.sock)
+        try:
+            async with channel(listener.path) as ours:
+                for method in methods:
+                    for request, outcome in expected.items():
+                        if isinstance(outcome, bytes):
+                            assert await ours.unary(method, request, 5) == outcome
+                        else:
+                            assert await our_status(ours.unary(method, request, 5)) == outcome, (method, request)
+                    code, details = await our_status(ours.unary(method, b"big", 5))
+                    assert code == StatusCode.RESOURCE_EXHAUSTED and "response" in details
+            raw = await RawClient.open(listener.path, client_settings={frames.SETTINGS_INITIAL_WINDOW_SIZE: 10})
+            message = os.urandom(40_000)  # an echo that waits for the client's windows
+            raw.send(request_frames(1, message=message, path="/test.Echo/AtOnce"))
+            first = await raw.frames(until=frames.DATA)
+            raw.send(frames.window_update(1, 40_000) + frames.window_update(0, 40_000))
+            rest = await raw.frames(until=frames.HEADERS, flags=frames.FLAG_END_STREAM)
+            assert b"".join(p for t, _, _, p in first + rest if t == frames.DATA) == grpc_wire.encode_message(message)
+            raw.close()
+        finally:
+            await server.stop(0)
+            listener.close()
+    ran = at_once.tasks  # type: ignore[attr-defined]
+    calls = len(expected) + 1
+    assert len(ran) == 2 * calls + 1
+    assert all(task is None for task in [*ran[:calls], ran[-1]])  # AtOnce's: no task
+    assert all(task is not None for task in ran[calls:-1])
 
 
 @both_loops
