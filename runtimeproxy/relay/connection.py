@@ -18,9 +18,10 @@ follow the HPACK state), and steps in for just five things:
 Everything bound for one peer while a read is being handled (relayed frames and the relay's
 own, in order) goes out in one write at the end of that read: one syscall per peer per read.
 A read's write that can wait is parked instead (see ``_Direction.park``): a claimed call's
-HEADERS, useless to the backend before the hooks release its DATA, and the relay's own
-flow-control credit. Parked bytes go out in front of the next write that way, or after
-``PARK_DELAY``, so a hooked call costs one write and one backend wake-up less.
+HEADERS, useless to the backend before the hooks release its DATA, the relay's own
+flow-control credit, and its answers to the backend's PINGs (grpc-go sends one after each
+request). Parked bytes go out in front of the next write that way, or after ``PARK_DELAY``,
+so a hooked call costs one write and one backend wake-up less, and any call one more.
 
 Frames the relay writes itself use only HPACK literals without indexing (never touching
 the shared tables). A header block is always forwarded, even for a call the relay ended,
@@ -159,6 +160,7 @@ class _Direction:
         "decoder",
         "feeding",
         "handlers",
+        "loop",
         "on_block",
         "out",
         "parked",
@@ -189,6 +191,15 @@ class _Direction:
         # Frames that can wait (see park): they go first in the next write, or when timer fires.
         self.parked: list[bytes | memoryview] = []
         self.timer: asyncio.TimerHandle | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # see running_loop
+
+    def running_loop(self) -> asyncio.AbstractEventLoop:
+        """asyncio.get_running_loop(), looked up once: each lookup costs a getpid() syscall
+        (CPython checks for a fork), and the relay needs the loop per call. RuntimeError
+        outside a running loop, as get_running_loop."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+        return self.loop
 
     def write(self, data: bytes | memoryview) -> None:
         if self.out is not None:
@@ -224,7 +235,7 @@ class _Direction:
         there is no event loop to bound the wait (then it goes out at once)."""
         if self.timer is None:
             try:
-                loop = asyncio.get_running_loop()
+                loop = self.running_loop()
             except RuntimeError:
                 return False
             self.timer = loop.call_later(PARK_DELAY, self.flush_parked)
@@ -317,6 +328,7 @@ class RelayConnection:
         self.client_credit = 0  # connection credit owed to the client, sent once per read
         self.upstream_credit = 0  # likewise, owed to the backend
         self.client_credit_debt = 0  # backend credit for bytes the relay added itself
+        self.sending_calls = 0  # changed requests waiting for backend credit (Stream.sending)
         self.claimed = False  # whether the read being handled opened a call the interceptor claims
 
     # -- protocol factory and socket events -------------------------------------------------
@@ -429,10 +441,10 @@ class RelayConnection:
             # Checked only when something could be parked: this runs per read.
             if self.claimed:
                 self.claimed = False
-                c2u.write_out(self._may_wait(c2u.out, True))
+                c2u.write_out(self._may_wait(c2u.out, True, True))
             else:
                 c2u.write_out()
-            u2c.write_out(self._may_wait(u2c.out, False) if u2c.out else False)
+            u2c.write_out(self._may_wait(u2c.out, False, False) if u2c.out else False)
 
     def upstream_data(self, data: bytes) -> None:
         c2u, u2c = self.c2u, self.u2c  # one pass, as in client_data
@@ -441,21 +453,25 @@ class RelayConnection:
             self._feed(u2c, data)
             self._flush_credit()
         finally:
-            c2u.write_out(self._may_wait(c2u.out, False) if c2u.out else False)
+            # The response first: the backend's share of a read (credit, PING answers) can wait.
             u2c.write_out()
+            c2u.write_out(self._may_wait(c2u.out, True, False) if c2u.out else False)
 
-    def _may_wait(self, out: list[bytes | memoryview], held_calls: bool) -> bool:
-        """Whether every frame of ``out`` may be parked: WINDOW_UPDATEs and, with ``held_calls``,
-        header frames of claimed calls whose request the hooks still hold. Each piece of ``out``
-        is whole frames (the connection preface is not, and fails the check: it goes at once)."""
+    def _may_wait(self, out: list[bytes | memoryview], to_backend: bool, held_calls: bool) -> bool:
+        """Whether every frame of ``out`` may be parked: WINDOW_UPDATEs; towards the backend, the
+        relay's answers to its PINGs (grpc-go's BDP pings, whose answer only sizes the backend's
+        receive window: CRI requests are small), so that answering one costs no write of its own
+        and no wake-up of the backend; with ``held_calls``, header frames of claimed calls whose
+        request the hooks still hold. Each piece of ``out`` is whole frames (the connection
+        preface is not, and fails the check: it goes at once)."""
         streams, unpack = self.streams, frames.FRAME_HEADER.unpack_from
         for piece in out:
             pos, size = 0, len(piece)
             while pos < size:
                 if size - pos < frames.HEADER_LEN:
                     return False
-                high, low, ftype, _flags, sid = unpack(piece, pos)
-                if ftype != frames.WINDOW_UPDATE:
+                high, low, ftype, flags, sid = unpack(piece, pos)
+                if ftype != frames.WINDOW_UPDATE and not (to_backend and _is_ping_answer(high, low, ftype, flags, sid)):
                     if not held_calls or ftype not in (frames.HEADERS, frames.CONTINUATION):
                         return False
                     stream = streams.get(sid & frames.MAX_STREAM_ID)
@@ -599,7 +615,7 @@ class RelayConnection:
         if self.options.intercepts(method):
             timeout = fields.get("grpc-timeout")
             seconds = grpc_wire.parse_timeout(timeout) if timeout else None
-            deadline = None if seconds is None else asyncio.get_running_loop().time() + seconds
+            deadline = None if seconds is None else self.c2u.running_loop().time() + seconds
             metadata = [(k, v) for k, v in headers if not k.startswith(":")]
             call = CallContext(method=method, metadata=metadata, deadline=deadline)
             self.claimed = True
@@ -672,7 +688,7 @@ class RelayConnection:
         return False
 
     def _start_before(self, stream: Stream) -> None:
-        task = asyncio.get_running_loop().create_task(self._run_before(stream))
+        task = self.c2u.running_loop().create_task(self._run_before(stream))
         stream.before_task = task
         self._keep(task)
 
@@ -711,6 +727,7 @@ class RelayConnection:
     def _send_request(self, stream: Stream, body: bytes) -> None:
         stream.pending_out = body
         stream.sending = True
+        self.sending_calls += 1
         self.client_credit_debt += len(body)
         self._send_pending(stream)
 
@@ -727,6 +744,7 @@ class RelayConnection:
             self.c2u.inject(frames.frame(frames.DATA, end, stream.id, chunk))
             if end:
                 stream.sending = False
+                self.sending_calls -= 1
 
     # -- backend -> client -----------------------------------------------------------------
 
@@ -775,8 +793,13 @@ class RelayConnection:
             return
         fields = dict(headers)  # a repeated field: the last one counts
         status = fields.get("grpc-status")
-        code = grpc_wire.UNKNOWN if status is None else grpc_wire.parse_status(status)
-        self._finish(stream, code, grpc_wire.decode_grpc_message(fields.get("grpc-message", "")))
+        # Inline for OK and no message: what nearly every call ends with.
+        if status == "0":
+            code = grpc_wire.OK
+        else:
+            code = grpc_wire.UNKNOWN if status is None else grpc_wire.parse_status(status)
+        message = fields.get("grpc-message")
+        self._finish(stream, code, grpc_wire.decode_grpc_message(message) if message else "")
 
     def _upstream_window_update(
         self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
@@ -784,7 +807,8 @@ class RelayConnection:
         increment = int.from_bytes(data[start : start + 4], "big") & frames.MAX_WINDOW_INCREMENT
         if sid == 0:
             self.up_conn_window += increment
-            self._resume_pending_sends()
+            if self.sending_calls:  # one WINDOW_UPDATE per request: no walk over the calls for nothing
+                self._resume_pending_sends()
             if self.client_credit_debt:
                 absorbed = min(self.client_credit_debt, increment)
                 self.client_credit_debt -= absorbed
@@ -827,7 +851,7 @@ class RelayConnection:
         if trace.ON:
             trace.event("proxy.answered", call=stream.call.serial, code=code)
         coro = self.options.interceptor.after(stream.call, stream.request, outcome)
-        task = asyncio.get_running_loop().create_task(_guarded(coro, stream.method.path))
+        task = self.c2u.running_loop().create_task(_guarded(coro, stream.method.path))
         self.options.after_tasks.add(task)
         task.add_done_callback(self.options.after_tasks.discard)
 
@@ -840,7 +864,11 @@ class RelayConnection:
         else:
             fragment = data[start:end]
         if flags & frames.FLAG_END_HEADERS:
-            d.on_block(self, sid, flags, self._decode(d, fragment))
+            try:  # _decode, inline: three header blocks per call
+                headers = d.decoder.decode(fragment)
+            except hpack.HPACKError as exc:
+                headers = self._undecodable(exc)
+            d.on_block(self, sid, flags, headers)
         else:
             d.block, d.block_stream, d.block_flags = [fragment], sid, flags
         return None
@@ -860,10 +888,13 @@ class RelayConnection:
         try:
             return d.decoder.decode(block)
         except hpack.HPACKError as exc:
-            # The peers' own decoders will fail on this too; the connection cannot go on.
-            log.error("undecodable header block; closing connection", error=str(exc))
-            asyncio.get_running_loop().call_soon(self.close)
-            return []
+            return self._undecodable(exc)
+
+    def _undecodable(self, exc: hpack.HPACKError) -> list[tuple[str, str]]:
+        # The peers' own decoders will fail on this too; the connection cannot go on.
+        log.error("undecodable header block; closing connection", error=str(exc))
+        asyncio.get_running_loop().call_soon(self.close)
+        return []
 
     # -- ending calls ----------------------------------------------------------------------
 
@@ -877,6 +908,7 @@ class RelayConnection:
         if stream.before_task is not None:
             stream.before_task.cancel()
         self.ended_by_relay.add(stream.id)
+        self.c2u.handlers = _CLIENT_FRAMES_AFTER_END
         if len(self.ended_by_relay) > 4096:
             self.ended_by_relay = {sid for sid in self.ended_by_relay if sid > stream.id - 100_000}
         self.c2u.inject(frames.rst_stream(stream.id, frames.CANCEL))
@@ -893,6 +925,7 @@ class RelayConnection:
             self.client_credit_debt -= len(stream.pending_out)
             stream.pending_out = b""
             stream.sending = False
+            self.sending_calls -= 1
         seconds = time.perf_counter() - stream.started
         self.options.observer(stream.method, code, message, seconds, stream.before_task is not None)
         if stream.after_due:
@@ -916,14 +949,19 @@ class RelayConnection:
         return len(self.streams)
 
 
+# A client's WINDOW_UPDATEs (two per call) pass untouched until the relay has ended a call
+# itself: only then may one name a stream the backend no longer knows.
 _CLIENT_FRAMES: dict[int, FrameHandler] = {
     frames.DATA: RelayConnection._client_data_frame,
     frames.HEADERS: RelayConnection._headers_frame,
     frames.CONTINUATION: RelayConnection._continuation_frame,
     frames.RST_STREAM: RelayConnection._client_reset,
     frames.SETTINGS: RelayConnection._client_settings,
-    frames.WINDOW_UPDATE: RelayConnection._client_window_update,
     frames.PING: RelayConnection._ping_frame,
+}
+_CLIENT_FRAMES_AFTER_END: dict[int, FrameHandler] = {
+    **_CLIENT_FRAMES,
+    frames.WINDOW_UPDATE: RelayConnection._client_window_update,
 }
 _UPSTREAM_FRAMES: dict[int, FrameHandler] = {
     frames.DATA: RelayConnection._upstream_data_frame,
@@ -934,6 +972,12 @@ _UPSTREAM_FRAMES: dict[int, FrameHandler] = {
     frames.WINDOW_UPDATE: RelayConnection._upstream_window_update,
     frames.PING: RelayConnection._ping_frame,
 }
+
+
+def _is_ping_answer(high: int, low: int, ftype: int, flags: int, sid: int) -> bool:
+    """A well-formed PING ACK: only the relay's own (peers' ACKs are dropped, malformed ones
+    forwarded, and those must reach their receiver as they came, at once)."""
+    return ftype == frames.PING and flags & frames.FLAG_ACK != 0 and not high and low == 8 and not sid
 
 
 def first_call_path(data: bytes) -> str | None:

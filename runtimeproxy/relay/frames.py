@@ -87,8 +87,13 @@ def settings_ack() -> bytes:
     return frame(SETTINGS, FLAG_ACK, 0)
 
 
+_PING_ACK_HEADER: Final = FRAME_HEADER.pack(0, 8, PING, FLAG_ACK, 0)
+
+
 def ping_ack(payload: bytes | memoryview) -> bytes:
     """The answer to a PING: the same opaque data, with ACK (RFC 9113 section 6.7)."""
+    if len(payload) == 8:  # every well-formed PING: a header built once (the relay answers one per call)
+        return _PING_ACK_HEADER + payload
     return frame(PING, FLAG_ACK, 0, bytes(payload))
 
 

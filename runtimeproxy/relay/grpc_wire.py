@@ -120,6 +120,10 @@ def single_request(payload: bytes, encoding: str, limit: int) -> bytes:
 def single_message(payload: bytes, encoding: str, limit: int, kind: str) -> bytes:
     """The one message of a unary ``kind`` ("request", "response"), decompressed; BadRequest
     (the text names ``kind``) when it is not that."""
+    if len(payload) >= PREFIX_LEN:  # the usual case, one uncompressed message: read in place
+        flag, length = MESSAGE_PREFIX.unpack_from(payload, 0)
+        if not flag and length == len(payload) - PREFIX_LEN:
+            return payload[PREFIX_LEN:]
     messages = split_messages(payload)
     if messages is None:
         raise BadRequest(f"{kind} body is not whole length-prefixed gRPC messages")
@@ -164,6 +168,12 @@ class MessageSizer:
     def feed(self, data: bytes | memoryview, start: int, end: int) -> int | None:
         """Account for ``data[start:end]``; return the length of a message over the limit."""
         pos, left = start, self._body_left
+        if not left and not self._prefix and end - pos >= PREFIX_LEN:
+            # The common case, first: the chunk is exactly one whole message (a unary request
+            # or response in one DATA frame), within the limit.
+            length: int = MESSAGE_PREFIX.unpack_from(data, pos)[1]
+            if length == end - pos - PREFIX_LEN and length <= self.limit:
+                return None
         while pos < end:
             if left:
                 if left >= end - pos:  # the rest of the chunk is message body

@@ -208,3 +208,83 @@ async def test_connection_loss_with_parked_frames(client_lost: bool) -> None:
     assert pair.backend.writes == []
     # The backend gone, the client is told at once, after the credit it was owed.
     assert pair.client.writes == ([] if client_lost else [credit(b"asked") + frames.goaway(1)])
+
+
+def ping(payload: bytes, ack: bool = False) -> bytes:
+    return frames.frame(frames.PING, frames.FLAG_ACK if ack else 0, 0, payload)
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_the_answer_to_a_backend_ping_goes_with_the_next_frames_to_the_backend() -> None:
+    """grpc-go's BDP ping after each request: answering it costs the backend no wake-up of its own."""
+    pair = Pair()
+    window = frames.window_update(0, 100)
+    pair.conn.upstream_data(window + ping(b"bdp-ping"))
+    assert pair.backend.writes == []
+    assert pair.client.writes == [window]
+    call = pair.request(1)
+    pair.conn.client_data(call)
+    assert pair.backend.writes == [ping(b"bdp-ping", ack=True) + call]
+
+
+async def test_the_timer_sends_a_parked_ping_answer_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection, "PARK_DELAY", 0.0)
+    pair = Pair()
+    pair.conn.upstream_data(ping(b"bdp-ping"))
+    assert pair.backend.writes == []
+    await turns()
+    assert pair.backend.writes == [ping(b"bdp-ping", ack=True)]
+    assert pair.conn.c2u.timer is None
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_the_answer_to_a_client_ping_is_never_parked() -> None:
+    """The client's BDP estimate sizes the windows for large responses: it gets its answer at once."""
+    pair = Pair()
+    pair.conn.client_data(ping(b"client-1"))
+    assert pair.client.writes == [ping(b"client-1", ack=True)]
+
+
+@pytest.mark.usefixtures("long_park")
+@pytest.mark.parametrize(
+    "bad",
+    [
+        frames.frame(frames.PING, frames.FLAG_ACK, 1, b"stream 1"),
+        frames.frame(frames.PING, frames.FLAG_ACK, 0, b"seven.."),
+    ],
+    ids=["on-a-stream", "short"],
+)
+async def test_a_malformed_ping_ack_is_forwarded_at_once_even_behind_parked_headers(bad: bytes) -> None:
+    """Only the relay's own answers wait: a malformed frame reaches its receiver as it came."""
+    pair, _gate = await hooked_pair()
+    headers = pair.headers(1)
+    pair.conn.client_data(headers + bad)
+    assert pair.backend.writes == [headers + bad]
+
+
+def test_client_window_updates_are_dropped_only_for_calls_the_relay_ended() -> None:
+    pair = Pair(max_message_size=4)
+    updates = frames.window_update(1, 100) + frames.window_update(0, 100)
+    pair.conn.client_data(updates)
+    assert pair.backend.data == updates  # no call ended by the relay yet: all pass
+    pair.conn.client_data(pair.request(3, b"too large"))
+    assert pair.observed == [(VERSION, grpc_wire.RESOURCE_EXHAUSTED)]
+    pair.backend.writes.clear()
+    pair.conn.client_data(frames.window_update(3, 50) + frames.window_update(1, 100) + frames.window_update(0, 100))
+    assert pair.backend.data == frames.window_update(1, 100) + frames.window_update(0, 100)
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_a_changed_request_held_up_by_the_connection_window_resumes_on_its_credit() -> None:
+    """Only a connection WINDOW_UPDATE lets it go on (its stream window is ample)."""
+    pair, gate = await hooked_pair()
+    pair.conn.upstream_data(frames.settings({frames.SETTINGS_INITIAL_WINDOW_SIZE: 1 << 20}))
+    pair.conn.client_data(pair.request(1, b"asked"))
+    grown = b"g" * 70_000
+    (await gate.waiting.get()).set_result(grown)
+    await turns()
+    assert pair.conn.sending_calls == 1
+    sent = len(pair.backend.data)
+    pair.conn.upstream_data(frames.window_update(0, 10_000))
+    assert pair.conn.sending_calls == 0
+    assert pair.backend.data[sent:].endswith(grown[-(len(grown) + 5 - frames.DEFAULT_WINDOW) :])

@@ -87,6 +87,9 @@ sizer_cases = {
 @settings(max_examples=300, deadline=None)
 @given(**sizer_cases)
 @example(limit=5, sizes=[5, 6], cuts=[], before=0)
+@example(limit=10, sizes=[10], cuts=[], before=2)  # one whole message per chunk, at the limit
+@example(limit=10, sizes=[11], cuts=[], before=2)  # ...and over it
+@example(limit=10, sizes=[3, 20], cuts=[8], before=0)  # a whole message, then one over the limit
 @example(limit=0, sizes=[0, 0, 1], cuts=[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], before=3)
 def test_message_sizer_flags_exactly_the_first_message_over_the_limit(
     limit: int, sizes: list[int], cuts: list[int], before: int
