@@ -90,7 +90,7 @@ KINDS = ("LS", "BE")
 TARGETS = ("direct", "proxy")
 LABELS = {"direct": "direct", "proxy": "proxy + runtime-hooks"}
 STEPS = hooks_bench.STEPS
-# Laid over the built-in policy: network shaping off (its plugin still runs, and does nothing).
+# Laid over the built-in policy: network shaping off (its handlers' when= filter skips them).
 POLICY = 'network:\n  interface: ""\n'
 PLUGIN_HISTOGRAM = "runtimeproxy_hooks_plugin_call_duration_seconds"
 PLUGIN_CALLS = "runtimeproxy_hooks_plugin_calls_total"
@@ -627,7 +627,7 @@ def print_hook_calls(part: dict[str, Any]) -> None:
     print()
     print("Part 1 -- hook calls per second: runtime-hooks serve, all built-in plugins (cpu, cpuset, memory, "
           "resctrl, network;")
-    print("  network shaping off: policy network.interface \"\", so its handlers run and return at once)")
+    print("  network shaping off: policy network.interface \"\", so its handlers are filtered out (when=))")
     print(f"  cgroup root: {part['cgroup_root']}; {part['pool_pods']} pods, LS and BE in turn, one request "
           "per pod and hook point, sent in turn")
     print(f"  resctrl: {part['resctrl_root']}; no reconciler (--runtime-endpoint \"\")")

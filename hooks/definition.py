@@ -8,7 +8,7 @@ import inspect
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar
 
@@ -101,7 +101,7 @@ class PluginDefinitionError(TypeError):
 
 @dataclass(frozen=True)
 class Handler:
-    """A registered function; ``is_async`` decides how it is run.
+    """A registered function; ``is_async`` decides how it is run, ``when`` whether it is.
 
     ``never_suspends``: an ``async def`` with no ``await``, ``async for`` or ``async with`` in its
     body can never give the loop a turn, so the runner calls it in the hook call itself, without
@@ -112,6 +112,10 @@ class Handler:
     is_async: bool
     name: str
     never_suspends: bool = False
+    #: ``@plugin.on(..., when=predicate)``: called with the handler's arguments right before the
+    #: handler would be; a false answer means the handler is not called (runner.PluginRunner._filter).
+    when: Callable[..., Any] | None = None
+    when_name: str = ""
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -129,11 +133,35 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 def _check_handler(fn: Any, what: str, known: Sequence[str]) -> Handler:
     """The Handler for ``fn``; PluginDefinitionError unless it takes keyword arguments and **kwargs."""
-    if not callable(fn):
-        raise PluginDefinitionError(f"{what} must be a function, got {fn!r}")
-    name = _callable_name(fn)
+    name = _check_callable(fn, what)
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         raise PluginDefinitionError(f"{what} {name} is a generator; handlers are plain functions or async def")
+    _check_signature(fn, what, name, known)
+    return Handler(fn, _is_async(fn), name, never_suspends(fn))
+
+
+def _check_predicate(fn: Any, what: str) -> str:
+    """The name of a ``when=`` predicate; PluginDefinitionError unless it is a plain function taking
+    a hook handler's arguments by keyword and **kwargs (checked as a handler is)."""
+    name = _check_callable(fn, what)
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn) or _is_async(fn):
+        raise PluginDefinitionError(
+            f"{what} {name} must be a plain function returning true or false: "
+            "a predicate is answered before the handler is called, without awaiting anything"
+        )
+    _check_signature(fn, what, name, HANDLER_KWARGS)
+    return name
+
+
+def _check_callable(fn: Any, what: str) -> str:
+    """``fn``'s name; PluginDefinitionError when it cannot be called at all."""
+    if not callable(fn):
+        raise PluginDefinitionError(f"{what} must be a function, got {fn!r}")
+    return _callable_name(fn)
+
+
+def _check_signature(fn: Callable[..., Any], what: str, name: str, known: Sequence[str]) -> None:
+    """PluginDefinitionError unless ``fn`` takes keyword arguments (all of them among ``known``) and **kwargs."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
@@ -159,7 +187,6 @@ def _check_handler(fn: Any, what: str, known: Sequence[str]) -> Handler:
                 f"{what} {name}: parameter {p.name!r} is not an argument it is called with "
                 f"(give it a default, or use one of: {', '.join(known)})"
             )
-    return Handler(fn, _is_async(fn), name, never_suspends(fn))
 
 
 def _failure_policy(value: str) -> FailurePolicy:
@@ -302,14 +329,23 @@ class Plugin:
 
     # -- registering --
 
-    def on(self, *points: HookPoint | str) -> Callable[[_F], _F]:
-        """Decorator: run the function at each of ``points`` (HookPoint members or names)."""
+    def on(self, *points: HookPoint | str, when: Callable[..., Any] | None = None) -> Callable[[_F], _F]:
+        """Decorator: run the function at each of ``points`` (HookPoint members or names).
+
+        ``when``: a filter, a plain (not async) function called with the handler's keyword
+        arguments right before each call; when it answers false the handler is not called at all
+        (no coroutine, no task, no thread): the call counts as the plugin skipped, with reason
+        ``when=<its name> is false``. One that raises fails the plugin's call, as its handler would.
+        """
         if not points:
             raise PluginDefinitionError("@plugin.on needs at least one hook point")
         parsed = [_hook_point(point) for point in points]
+        when_name = _check_predicate(when, f"plugin {self.name}: when=") if when is not None else ""
 
         def register(fn: _F) -> _F:
             handler = _check_handler(fn, f"plugin {self.name}: handler", HANDLER_KWARGS)
+            if when is not None:
+                handler = replace(handler, when=when, when_name=when_name)
             for point in parsed:
                 existing = self._handlers.get(point)
                 if existing is not None and existing.fn is not fn:

@@ -78,7 +78,7 @@ from .resctrl import (
     ResctrlFS,
     parse_schemata,
 )
-from .runner import HookCallFailed, PluginRunner
+from .runner import HookCallFailed, PluginRunner, filtered_reason
 from .settings import SettingsSpec
 from .views import ContainerInfo, PodInfo, ServerContext
 
@@ -661,7 +661,9 @@ class _Rehearsal:
                     step.outcome, step.reason = exc.failure.outcome, exc.failure.reason
                     failed = failed or str(exc)
                 else:
-                    report.not_called = report.not_called or result.skipped.get(plugin.name, "")
+                    skip = result.skipped.get(plugin.name, "")
+                    if skip != filtered_reason(plugin.handler(point)):  # a when= filter: this call only
+                        report.not_called = report.not_called or skip
                     if result.failures:
                         step.outcome, step.reason = result.failures[0].outcome, result.failures[0].reason
                     else:

@@ -1,6 +1,13 @@
 """Running plugins: :class:`PluginRunner` calls the enabled plugins' handlers in (order, name)
 order with their timeouts (``async def`` on the loop, ``def`` in a thread of its own), merges
-their responses, applies each plugin's failure policy, and counts every call (PluginMetrics)."""
+their responses, applies each plugin's failure policy, and counts every call (PluginMetrics).
+
+A plugin is not called in a hook call when it needs a node handle the node lacks, when its
+settings for the pod's class say ``enabled: false``, or when its handler's ``when=`` predicate
+answers false (Plugin.on). Each of these is reported alike: in RunResult.skipped with the
+reason, at debug level in the log, and not in the call metrics (nothing ran). A predicate that
+raises is the plugin's failed call (outcome "error", reason ``when=<predicate>: ...``), counted,
+logged and handled by the plugin's failure policy as a failing handler would be."""
 
 from __future__ import annotations
 
@@ -43,6 +50,7 @@ __all__ = [
     "PluginRunner",
     "ReconcileReport",
     "RunResult",
+    "filtered_reason",
 ]
 
 log = structlog.get_logger("runtimeproxy.hooks.sdk")
@@ -301,9 +309,7 @@ class PluginRunner:
             settings = section.for_class(qos_class) if section is not None else None
             skip = self._skip_reason(plugin, qos_class, settings)
             if skip:
-                result.skipped[plugin.name] = skip
-                if debug_enabled():  # a disabled level still binds a logger when looked up
-                    log.debug("plugin not called", plugin=plugin.name, reason=skip, **bound)
+                _not_called(result, plugin, skip, bound)
                 continue
             response = HookResponse(kind)
             kwargs: dict[str, Any] = {
@@ -321,10 +327,19 @@ class PluginRunner:
                 "plugin": plugin,
                 "dry_run": context.dry_run,
             }
-            if handler.never_suspends:  # most handlers: no coroutine of the runner's own either
-                outcome, reason, _ = self._call_now(plugin, handler, hook, kwargs)
-            else:
-                outcome, reason, _ = await self._call(plugin, handler, hook, kwargs)
+            outcome: Outcome = "ok"
+            reason = ""
+            wanted: Any = True
+            if handler.when is not None:  # a failed predicate is the plugin's failed call (below)
+                outcome, reason, wanted = self._filter(plugin, handler, hook, kwargs)
+            if outcome == "ok" and not wanted:  # no coroutine, no task: as if skipped
+                _not_called(result, plugin, filtered_reason(handler), bound)
+                continue
+            if outcome == "ok":
+                if handler.never_suspends:  # most handlers: no coroutine of the runner's own either
+                    outcome, reason, _ = self._call_now(plugin, handler, hook, kwargs)
+                else:
+                    outcome, reason, _ = await self._call(plugin, handler, hook, kwargs)
             if outcome == "ok" and response.untouched():  # nothing to check, merge or own
                 result.applied.append(plugin.name)
                 continue
@@ -488,6 +503,23 @@ class PluginRunner:
             called = ("error", "suspended although its body has no await", None)
         return self._counted(plugin, hook, called, started)
 
+    def _filter(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
+        """What ``handler``'s when= predicate answers: ("ok", "", whether to call the handler), or
+        ("error", reason, None) when it raised or answered an awaitable (counted as the plugin's
+        call, which then fails). A false answer is not counted: the plugin is not called."""
+        assert handler.when is not None
+        started = time.perf_counter()
+        try:
+            answer = handler.when(**kwargs)
+            if answer is True or answer is False:  # the usual answers: no more calls
+                return "ok", "", answer
+            if inspect.isawaitable(answer):
+                getattr(answer, "close", _no_close)()  # no "coroutine was never awaited" warning
+                raise _ReturnedAwaitable("returned an awaitable: a predicate is a plain function")
+            return "ok", "", bool(answer)
+        except Exception as exc:
+            return self._counted(plugin, hook, ("error", f"when={handler.when_name}: {_reason(exc)}", None), started)
+
     def _counted(self, plugin: Plugin, hook: str, called: _Called, started: float) -> _Called:
         """``called``, recorded in the metrics (and the trace) as a call that began at ``started``."""
         seconds = time.perf_counter() - started
@@ -612,6 +644,22 @@ class _PluginLog:
 
 class _ReturnedAwaitable(Exception):
     pass
+
+
+def filtered_reason(handler: Handler | None) -> str:
+    """RunResult.skipped's reason for a call ``handler``'s when= predicate filtered out ("": it has none)."""
+    return f"when={handler.when_name} is false" if handler is not None and handler.when is not None else ""
+
+
+def _no_close() -> None:
+    """``close`` of an awaitable that has none."""
+
+
+def _not_called(result: RunResult, plugin: Plugin, reason: str, bound: Mapping[str, str]) -> None:
+    """Record in ``result`` that ``plugin`` is not called in this hook call, and why."""
+    result.skipped[plugin.name] = reason
+    if debug_enabled():  # a disabled level still binds a logger when looked up
+        log.debug("plugin not called", plugin=plugin.name, reason=reason, **bound)
 
 
 def _no_settings(qos: QoSClass | str) -> None:

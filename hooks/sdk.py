@@ -44,6 +44,13 @@ later versions never break it. That is also the one way to say whether a handler
 its timeout), a plain ``def`` one in a worker thread (it may block; past its timeout its thread
 runs on, detached).
 
+**Filters.** ``@plugin.on(*points, when=predicate)``: a plain function taking the handler's
+keyword arguments (and ``**kwargs``, checked like a handler's), called right before each call;
+when it answers false the handler is not called at all (no coroutine, no task, no thread) and the
+call is reported as the plugin skipped (``RunResult.skipped``: ``filtered_reason(handler)``, that is
+``when=<predicate> is false``; not counted in the call metrics). A predicate that raises fails
+the plugin's call, as its handler would.
+
 **Settings and state.** A plugin declares the settings of one QoS class as a frozen dataclass
 (``Plugin("stamp", settings=StampSettings, state=dict)``); its section of the policy file,
 keyed by its name with one entry per class, is checked against it (hooks/settings.py), and
@@ -110,6 +117,7 @@ from .runner import (
     PluginRunner,
     ReconcileReport,
     RunResult,
+    filtered_reason,
 )
 from .views import ContainerInfo, HugepageLimit, PodInfo, Resources, ServerContext
 
@@ -144,6 +152,7 @@ __all__ = [
     "RunResult",
     "ServerContext",
     "discover_plugins",
+    "filtered_reason",
     "load_entry_point",
     "qos_of",
     "resources_from_proto",

@@ -63,17 +63,23 @@ def _stop(*, state: NetworkQoS, log: Any, **kwargs: Any) -> None:
         log.info("leaving the network QoS tree in place", interface=state.shaper.interface)
 
 
-# The hook handlers are async so that, with shaping off (no interface in the policy), a call
-# costs nothing; the netlink work runs on a thread (pyroute2's sync API cannot run inside
-# the server's event loop).
+# The hook handlers run only while there is traffic to shape (``_shaping``): with shaping off (no
+# interface in the policy, the common case) the runner does not call them at all, so a hook call
+# costs this plugin no coroutine and no task. When called, the netlink work runs on a thread
+# (pyroute2's sync API cannot run inside the server's event loop).
 
 
-@plugin.on(HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER)
+def _shaping(*, section: NetworkSection, state: NetworkQoS, dry_run: bool = False, **kwargs: Any) -> bool:
+    """Whether the hook handlers have anything to do: this node shapes traffic or, in a rehearsal
+    (where on_start sets nothing up), the policy names an interface to shape."""
+    return bool(section.interface) if dry_run else state.shaper is not None
+
+
+@plugin.on(HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER, when=_shaping)
 async def _classify(
     *,
     pod: PodInfo,
     qos: QoSClass,
-    section: NetworkSection,
     state: NetworkQoS,
     cgroups: CgroupFS | None,
     log: Any,
@@ -81,16 +87,14 @@ async def _classify(
     **kwargs: Any,
 ) -> None:
     if dry_run:
-        if section.interface:
-            NetworkQoS.rehearse(pod, qos, cgroups, log)
-        return
-    if state.shaper is not None:
+        NetworkQoS.rehearse(pod, qos, cgroups, log)
+    else:
         await asyncio.to_thread(state.classify, pod, qos, cgroups, log)
 
 
-@plugin.on(HookPoint.POST_STOP_POD_SANDBOX)
+@plugin.on(HookPoint.POST_STOP_POD_SANDBOX, when=_shaping)
 async def _forget(*, pod: PodInfo, state: NetworkQoS, log: Any, dry_run: bool = False, **kwargs: Any) -> None:
-    if not dry_run and state.shaper is not None:
+    if not dry_run:
         await asyncio.to_thread(state.forget, pod, log)
 
 
