@@ -20,19 +20,26 @@ own, in order) goes out in one write at the end of that read: one syscall per pe
 A read's write that can wait is parked instead (see ``_Direction.park``): a claimed call's
 HEADERS, useless to the backend before the hooks release its DATA, the relay's own
 flow-control credit, and its answers to the backend's PINGs (grpc-go sends one after each
-request). Parked bytes go out in front of the next write that way, or after ``PARK_DELAY``,
-so a hooked call costs one write and one backend wake-up less, and any call one more.
+request). Parked bytes go out in front of the next write that way, or after ``PARK_DELAY``
+(``BDP_ANSWER_DELAY`` for the answer to a BDP ping), so a hooked call costs one write and one
+backend wake-up less, and any call one more.
 
 Frames the relay writes itself use only HPACK literals without indexing (never touching
 the shared tables). A header block is always forwarded, even for a call the relay ended,
 because the receiver must decode it to keep its table in step.
 
-Known limit: the relay credits a held request's bytes back to the client at once, so
-until the backend returns credit for the (possibly larger) request sent on, the client
-believes the backend's connection window to be up to that request's size larger than
-it is. A client that fills the whole window at that instant could overrun it. CRI
-traffic from kubelet is small requests, so this is documented rather than solved with
-extra buffering.
+Connection credit for a claimed call's held request: the frames that complete it (END_STREAM)
+are credited to the client by the backend's own credit for the request sent on, which passes
+through as for any call; the relay only evens out the difference in size (a larger request:
+that much of the backend's credit is absorbed; a smaller one: the relay credits the rest) and
+credits the held bytes itself when the call ends before they were sent on. Frames before the
+last are credited at once, as the client may need the credit to send the rest.
+
+Known limit: what the relay sends on beyond a request's last frame (frames before it, credited
+at once, and what the hooks added) takes that much more of the backend's connection window than
+the client knows of, until the backend credits it: a client that fills its whole window at that
+instant could overrun the backend's. CRI requests are small, mostly one frame, and hooks add
+little, so this is documented rather than solved with extra buffering.
 """
 
 from __future__ import annotations
@@ -70,6 +77,17 @@ MAX_HEADER_LIST = 1 << 20
 # client's credit with the response; a slow hook must not hold the backend's view of the call,
 # nor a peer's flow-control credit, longer than this.
 PARK_DELAY = 0.005
+# How long the answer to a backend's BDP ping may wait for the next write towards the backend:
+# in a pod start it rides with the next request instead of costing a write (and a backend
+# wake-up) of its own. Only grpc-go's BDP estimator reads that answer (bdp_estimator.go:
+# calculate() ignores any other payload, takes the time since the ping as an RTT sample and
+# can only grow the receive window when the sample is large): a late answer at worst keeps
+# that window from growing, which small CRI requests never need, and while it is out grpc-go
+# sends no further BDP ping. Other PINGs (keepalive, whose ACK grpc-go's server awaits
+# Timeout = 20 s by default before closing; the GOAWAY ping of a graceful stop) keep
+# PARK_DELAY.
+BDP_ANSWER_DELAY = 1.0
+_BDP_PING = bytes((2, 4, 16, 16, 9, 14, 7, 7))  # grpc-go's bdpPing payload (bdp_estimator.go)
 _RST_CODES = {frames.REFUSED_STREAM: grpc_wire.UNAVAILABLE, frames.CANCEL: grpc_wire.CANCELLED}
 
 
@@ -158,6 +176,7 @@ class _Direction:
         "block_flags",
         "block_stream",
         "decoder",
+        "due",
         "feeding",
         "handlers",
         "loop",
@@ -191,6 +210,7 @@ class _Direction:
         # Frames that can wait (see park): they go first in the next write, or when timer fires.
         self.parked: list[bytes | memoryview] = []
         self.timer: asyncio.TimerHandle | None = None
+        self.due = 0.0  # when the timer fires (loop time)
         self.loop: asyncio.AbstractEventLoop | None = None  # see running_loop
 
     def running_loop(self) -> asyncio.AbstractEventLoop:
@@ -210,12 +230,12 @@ class _Direction:
             else:
                 self.transport.write(data)
 
-    def write_out(self, park: bool = False) -> None:
+    def write_out(self, park: float | None = None) -> None:
         """End collecting: everything collected during the read in one call, so one syscall
-        (uvloop sends several pieces with one writev, without joining them). ``park``: all of
-        it may wait for the next write (or the timer)."""
+        (uvloop sends several pieces with one writev, without joining them). ``park``: how long
+        all of it may wait for the next write (None: not at all)."""
         out, self.out = self.out, None
-        if out and self.transport is not None and not (park and self.park(out)):
+        if out and self.transport is not None and not (park is not None and self.park(out, park)):
             if self.parked:
                 out[:0] = self.unpark()
             if len(out) == 1:  # as _send, inline: this runs per read
@@ -230,15 +250,19 @@ class _Direction:
         else:
             self.transport.writelines(out)
 
-    def park(self, out: list[bytes | memoryview]) -> bool:
-        """Keep ``out`` for the next write in this direction, at most PARK_DELAY; False when
-        there is no event loop to bound the wait (then it goes out at once)."""
-        if self.timer is None:
-            try:
-                loop = self.running_loop()
-            except RuntimeError:
-                return False
-            self.timer = loop.call_later(PARK_DELAY, self.flush_parked)
+    def park(self, out: list[bytes | memoryview], delay: float) -> bool:
+        """Keep ``out`` for the next write in this direction, at most ``delay`` seconds; False
+        when there is no event loop to bound the wait (then it goes out at once). One timer:
+        it fires when the earliest parked piece is due, and takes all of them."""
+        try:
+            loop = self.running_loop()
+        except RuntimeError:
+            return False
+        due = loop.time() + delay
+        if self.timer is None or due < self.due:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer, self.due = loop.call_at(due, self.flush_parked), due
         # A copy: views would pin the whole read buffer while parked.
         self.parked.append(out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out))
         return True
@@ -327,7 +351,7 @@ class RelayConnection:
         self.up_max_frame = frames.DEFAULT_MAX_FRAME
         self.client_credit = 0  # connection credit owed to the client, sent once per read
         self.upstream_credit = 0  # likewise, owed to the backend
-        self.client_credit_debt = 0  # backend credit for bytes the relay added itself
+        self.client_credit_debt = 0  # backend credit the client must not see (see _settle)
         self.sending_calls = 0  # changed requests waiting for backend credit (Stream.sending)
         self.claimed = False  # whether the read being handled opened a call the interceptor claims
 
@@ -444,7 +468,7 @@ class RelayConnection:
                 c2u.write_out(self._may_wait(c2u.out, True, True))
             else:
                 c2u.write_out()
-            u2c.write_out(self._may_wait(u2c.out, False, False) if u2c.out else False)
+            u2c.write_out(self._may_wait(u2c.out, False, False) if u2c.out else None)
 
     def upstream_data(self, data: bytes) -> None:
         c2u, u2c = self.c2u, self.u2c  # one pass, as in client_data
@@ -455,32 +479,40 @@ class RelayConnection:
         finally:
             # The response first: the backend's share of a read (credit, PING answers) can wait.
             u2c.write_out()
-            c2u.write_out(self._may_wait(c2u.out, True, False) if c2u.out else False)
+            c2u.write_out(self._may_wait(c2u.out, True, False) if c2u.out else None)
 
-    def _may_wait(self, out: list[bytes | memoryview], to_backend: bool, held_calls: bool) -> bool:
-        """Whether every frame of ``out`` may be parked: WINDOW_UPDATEs; towards the backend, the
-        relay's answers to its PINGs (grpc-go's BDP pings, whose answer only sizes the backend's
-        receive window: CRI requests are small), so that answering one costs no write of its own
-        and no wake-up of the backend; with ``held_calls``, header frames of claimed calls whose
-        request the hooks still hold. Each piece of ``out`` is whole frames (the connection
-        preface is not, and fails the check: it goes at once)."""
+    def _may_wait(self, out: list[bytes | memoryview], to_backend: bool, held_calls: bool) -> float | None:
+        """How long every frame of ``out`` may be parked (None: not at all): WINDOW_UPDATEs;
+        towards the backend, the relay's answers to its PINGs, so that answering one costs no
+        write of its own and no wake-up of the backend (BDP_ANSWER_DELAY when they are all
+        answers to BDP pings); with ``held_calls``, header frames of claimed calls whose request
+        the hooks still hold. Each piece of ``out`` is whole frames (the connection preface is
+        not, and fails the check: it goes at once)."""
         streams, unpack = self.streams, frames.FRAME_HEADER.unpack_from
+        delay = BDP_ANSWER_DELAY
         for piece in out:
             pos, size = 0, len(piece)
             while pos < size:
                 if size - pos < frames.HEADER_LEN:
-                    return False
+                    return None
                 high, low, ftype, flags, sid = unpack(piece, pos)
-                if ftype != frames.WINDOW_UPDATE and not (to_backend and _is_ping_answer(high, low, ftype, flags, sid)):
+                if to_backend and _is_ping_answer(high, low, ftype, flags, sid):
+                    start = pos + frames.HEADER_LEN
+                    if piece[start : start + 8] != _BDP_PING:
+                        delay = PARK_DELAY
+                elif ftype == frames.WINDOW_UPDATE:
+                    delay = PARK_DELAY
+                else:
                     if not held_calls or ftype not in (frames.HEADERS, frames.CONTINUATION):
-                        return False
+                        return None
                     stream = streams.get(sid & frames.MAX_STREAM_ID)
                     if stream is None or stream.held_request is None or stream.after_due:
-                        return False
+                        return None
+                    delay = PARK_DELAY
                 pos += frames.HEADER_LEN + ((high << 8) | low)
             if pos != size:
-                return False
-        return True
+                return None
+        return delay
 
     def _route_by_first_call(self) -> None:
         assert self.early is not None
@@ -650,24 +682,30 @@ class RelayConnection:
     def _hold_request(self, stream: Stream, flags: int, data: bytes, start: int, end: int) -> bytes:
         assert stream.held_request is not None
         length = end - start
-        self.client_credit += length
         if stream.before_task is not None:
             # DATA after END_STREAM: forwarding it could hand the backend a request the hooks
             # never saw, so the call ends here.
+            self.client_credit += length
             self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, "DATA after the end of the request")
             return b""
         lo, hi = frames.data_bounds(flags, data, start, end)
         too_big = stream.request_sizer.feed(data, lo, hi)
         if too_big is not None:
+            self.client_credit += length
             self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
             return b""
         if not self._hold(stream, hi - lo):
+            self.client_credit += length
             return b""
         stream.held_request += data[lo:hi]
         if flags & frames.FLAG_END_STREAM:
+            # The client waits for the answer now, not for credit: the backend's credit for
+            # the request sent on pays for these bytes (see _send_request), or _finish does.
+            stream.client_owed = length
             self._start_before(stream)
         elif length:
-            # The client may still be waiting for stream credit to send the rest.
+            # The client may still be waiting for credit to send the rest: now, both levels.
+            self.client_credit += length
             self.u2c.inject(frames.window_update(stream.id, length))
         return b""
 
@@ -702,20 +740,20 @@ class RelayConnection:
         except grpc_wire.BadRequest as bad:
             # The hooks could not see such a request, so it must not reach the runtime past them.
             log.warning("request refused", method=stream.method.path, reason=str(bad))
-            self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, f"{stream.method.path}: {bad}")
+            self._refuse(stream, grpc_wire.INVALID_ARGUMENT, f"{stream.method.path}: {bad}")
             return
         try:
             request = await self.options.interceptor.before(stream.call, request)
         except RejectCall as reject:
             if stream.id in self.streams:
-                self._end_by_relay(stream, reject.code, reject.message)
+                self._refuse(stream, reject.code, reject.message)
             return
         except Exception as exc:
             # The interceptor applies the failure policies itself; an error escaping it is a
             # bug in that very code, so nothing can say the call may pass unhooked: refuse it.
             log.exception("interceptor failed; call refused", method=stream.method.path)
             if stream.id in self.streams:
-                self._end_by_relay(stream, grpc_wire.INTERNAL, f"proxy hook layer failed: {type(exc).__name__}: {exc}")
+                self._refuse(stream, grpc_wire.INTERNAL, f"proxy hook layer failed: {type(exc).__name__}: {exc}")
             return
         if stream.id in self.streams:
             stream.request = request
@@ -724,12 +762,41 @@ class RelayConnection:
                 trace.event("proxy.sent", call=stream.call.serial)
             self._send_request(stream, grpc_wire.encode_message(request))
 
+    def _refuse(self, stream: Stream, code: int, message: str) -> None:
+        """End a held call from its hook task (between reads): the status and the credit for
+        the held bytes go to the client in one write."""
+        u2c = self.u2c
+        u2c.out = []
+        try:
+            self._end_by_relay(stream, code, message)
+            self._flush_credit()
+        finally:
+            u2c.write_out()
+
     def _send_request(self, stream: Stream, body: bytes) -> None:
         stream.pending_out = body
         stream.sending = True
         self.sending_calls += 1
-        self.client_credit_debt += len(body)
+        # The backend credits ``body`` as it reads it; the client is owed what it sent.
+        self._settle(stream.client_owed - len(body))
+        stream.client_owed = 0
+        if self.client_credit:  # sent on smaller: the relay's share can wait for the answer
+            u2c = self.u2c
+            u2c.out = []
+            self._flush_credit()
+            u2c.write_out(PARK_DELAY)
         self._send_pending(stream)
+
+    def _settle(self, owed: int) -> None:
+        """The client is owed ``owed`` more connection credit than the backend will return for
+        what the relay sent it (negative: less). Netted against the backend credit the relay
+        absorbs (client_credit_debt); what that cannot cover, the relay credits itself. Exact:
+        the debt never exceeds the credit the backend still owes for bytes it received."""
+        debt = self.client_credit_debt - owed
+        if debt < 0:
+            self.client_credit -= debt
+            debt = 0
+        self.client_credit_debt = debt
 
     def _send_pending(self, stream: Stream) -> None:
         """Send as much of a changed request as the backend's windows allow, ending the stream."""
@@ -920,9 +987,12 @@ class RelayConnection:
         if stream.held_bytes:
             self.options.held.give_back(stream.held_bytes)
             stream.held_bytes = 0
+        if stream.client_owed:  # held and never sent on: the relay pays for it
+            self._settle(stream.client_owed)
+            stream.client_owed = 0
         if stream.sending:
             # Never sent, so the backend will never credit these bytes back.
-            self.client_credit_debt -= len(stream.pending_out)
+            self._settle(len(stream.pending_out))
             stream.pending_out = b""
             stream.sending = False
             self.sending_calls -= 1

@@ -16,6 +16,7 @@ class Stream:
         "after_due",
         "before_task",
         "call",
+        "client_owed",
         "held_bytes",
         "held_request",
         "id",
@@ -51,6 +52,9 @@ class Stream:
         # Intercepted calls only: the request as received, then as sent on.
         self.held_request = bytearray() if call is not None else None
         self.held_bytes = 0  # counted against the relay's held-request budget
+        # Connection credit due to the client for the held request's last DATA frame, paid by
+        # the backend's credit once it is sent on (RelayConnection._send_request).
+        self.client_owed = 0
         self.request = b""
         self.response_body = bytearray() if call is not None else None
         self.before_task: asyncio.Task[None] | None = None

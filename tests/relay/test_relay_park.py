@@ -3,8 +3,10 @@
 A claimed call's HEADERS are of no use to the backend before the hooks release its DATA, and
 the relay's own flow-control credit (WINDOW_UPDATE) can wait for the next frame to its peer:
 both are parked instead of written, so a hooked call costs a write and a backend wake-up less.
-Parked bytes always go first (order never changes), at most ``PARK_DELAY`` later (a timer),
-and nothing is parked when the read writes other frames to that peer anyway.
+Parked bytes always go first (order never changes), at most ``PARK_DELAY`` later (a timer;
+``BDP_ANSWER_DELAY`` for answers to the backend's BDP pings), and nothing is parked when the
+read writes other frames to that peer anyway. A held request's last frame is credited to the
+client by the backend's own credit for the request sent on (test_relay_credit.py has the rest).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo
 
 LIST = "/runtime.v1.RuntimeService/ListContainers"
+BDP_PING = bytes.fromhex("02 04 10 10 09 0e 07 07")  # grpc-go's BDP ping payload
 
 
 class Gate:
@@ -45,6 +48,7 @@ class Gate:
 def long_park(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only a write may end a park in these tests, however slow the machine."""
     monkeypatch.setattr(connection, "PARK_DELAY", 3600.0)
+    monkeypatch.setattr(connection, "BDP_ANSWER_DELAY", 3600.0)
 
 
 async def turns(count: int = 5) -> None:
@@ -59,7 +63,7 @@ async def hooked_pair() -> tuple[Pair, Gate]:
 
 
 def credit(body: bytes) -> bytes:
-    """The relay's connection credit to the client for a held request of ``body``."""
+    """Connection credit for a request of ``body`` in one DATA frame."""
     return frames.window_update(0, len(encode_message(body)))
 
 
@@ -85,12 +89,13 @@ async def test_a_claimed_call_reaches_the_backend_in_one_write_once_released(one
         pair.conn.client_data(data)
     answer = await gate.waiting.get()
     assert pair.backend.writes == []
-    assert pair.client.writes == []  # the relay's credit for the held DATA waits too
+    assert pair.client.writes == []  # no credit for the held DATA: the client waits for its answer
     answer.set_result(b"changed")
     await turns()
     assert pair.backend.writes == [headers + message(1, b"changed")]
     reply = response(hpack.Encoder(), 1, b"reply")
-    pair.conn.upstream_data(reply)
+    # The backend's credit for the larger request passes, less what the hooks added.
+    pair.conn.upstream_data(credit(b"changed") + reply)
     assert pair.client.writes == [credit(b"asked") + reply]
     assert pair.observed == [(VERSION, grpc_wire.OK)]
 
@@ -104,7 +109,7 @@ async def test_a_refused_call_sends_its_parked_headers_then_the_reset_in_one_wri
     await turns()
     assert pair.backend.writes == [headers + frames.rst_stream(1, frames.CANCEL)]
     status = grpc_wire.status_frame(1, grpc_wire.UNAVAILABLE, "no", trailers_only=True)
-    assert pair.client.writes == [credit(b"asked") + status]
+    assert pair.client.writes == [status + credit(b"asked")]  # never sent on: the relay credits it
 
 
 @pytest.mark.usefixtures("long_park")
@@ -157,7 +162,7 @@ async def test_the_timer_sends_what_no_write_took(monkeypatch: pytest.MonkeyPatc
     answer = await gate.waiting.get()
     await turns()
     assert pair.backend.writes == [headers]
-    assert pair.client.writes == [credit(b"asked")]
+    assert pair.client.writes == []
     assert pair.conn.c2u.timer is None and pair.conn.u2c.timer is None
     answer.set_result(b"asked")
     await turns()
@@ -166,15 +171,16 @@ async def test_the_timer_sends_what_no_write_took(monkeypatch: pytest.MonkeyPatc
 
 async def test_a_write_stops_the_timer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(connection, "PARK_DELAY", 0.0)
-    pair, gate = await hooked_pair()
-    headers = pair.headers(1)
-    pair.conn.client_data(headers + message(1, b"asked"))
-    pair.conn.start_drain()  # a write towards the client, before the loop runs the timer
-    assert pair.conn.u2c.timer is None and pair.conn.c2u.timer is not None
-    (await gate.waiting.get()).set_result(b"asked")
+    pair = Pair(max_message_size=10)
+    pair.conn.client_data(pair.request(1, b"x" * 11))  # over the limit: ended by the relay
+    late = message(1, b"late")  # the backend's answer to it: dropped, credited back (parked)
+    pair.conn.upstream_data(late)
+    assert pair.conn.c2u.timer is not None
+    call = pair.request(3)
+    pair.conn.client_data(call)  # a write towards the backend, before the loop runs the timer
+    assert pair.conn.c2u.timer is None
     await turns()
-    assert pair.client.writes == [credit(b"asked") + frames.goaway(frames.MAX_STREAM_ID)]
-    assert pair.backend.data == headers + message(1, b"asked")
+    assert pair.backend.writes[1:] == [frames.window_update(0, len(late) - frames.HEADER_LEN) + call]
 
 
 @pytest.mark.usefixtures("long_park")
@@ -183,12 +189,12 @@ async def test_close_with_parked_frames_writes_the_goaway_after_them_and_nothing
     pair.conn.client_data(pair.request(1, b"asked"))
     await gate.waiting.get()
     pair.conn.close()
-    assert pair.client.writes == [credit(b"asked") + frames.goaway(1)]
+    assert pair.client.writes == [frames.goaway(1)]
     assert pair.backend.writes == []  # the HEADERS of a call that is never sent on: dropped
     assert pair.conn.c2u.timer is None and pair.conn.u2c.timer is None
     pair.conn.side_lost(True, None)
     await turns()
-    assert pair.client.writes == [credit(b"asked") + frames.goaway(1)]
+    assert pair.client.writes == [frames.goaway(1)]
     assert pair.backend.writes == []
 
 
@@ -206,8 +212,8 @@ async def test_connection_loss_with_parked_frames(client_lost: bool) -> None:
     pair.conn.c2u.flush_parked()  # what a timer that survived would do: nothing is left to write
     pair.conn.u2c.flush_parked()
     assert pair.backend.writes == []
-    # The backend gone, the client is told at once, after the credit it was owed.
-    assert pair.client.writes == ([] if client_lost else [credit(b"asked") + frames.goaway(1)])
+    # The backend gone, the client is told at once (credit no longer matters).
+    assert pair.client.writes == ([] if client_lost else [frames.goaway(1)])
 
 
 def ping(payload: bytes, ack: bool = False) -> bytes:
@@ -219,21 +225,39 @@ async def test_the_answer_to_a_backend_ping_goes_with_the_next_frames_to_the_bac
     """grpc-go's BDP ping after each request: answering it costs the backend no wake-up of its own."""
     pair = Pair()
     window = frames.window_update(0, 100)
-    pair.conn.upstream_data(window + ping(b"bdp-ping"))
+    pair.conn.upstream_data(window + ping(BDP_PING))
     assert pair.backend.writes == []
     assert pair.client.writes == [window]
     call = pair.request(1)
     pair.conn.client_data(call)
-    assert pair.backend.writes == [ping(b"bdp-ping", ack=True) + call]
+    assert pair.backend.writes == [ping(BDP_PING, ack=True) + call]
 
 
-async def test_the_timer_sends_a_parked_ping_answer_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("payload", [BDP_PING, bytes(8)], ids=["bdp", "keepalive"])
+async def test_the_timer_sends_a_parked_ping_answer_alone(monkeypatch: pytest.MonkeyPatch, payload: bytes) -> None:
     monkeypatch.setattr(connection, "PARK_DELAY", 0.0)
+    monkeypatch.setattr(connection, "BDP_ANSWER_DELAY", 0.0)
     pair = Pair()
-    pair.conn.upstream_data(ping(b"bdp-ping"))
+    pair.conn.upstream_data(ping(payload))
     assert pair.backend.writes == []
     await turns()
-    assert pair.backend.writes == [ping(b"bdp-ping", ack=True)]
+    assert pair.backend.writes == [ping(payload, ack=True)]
+    assert pair.conn.c2u.timer is None
+
+
+async def test_only_the_answer_to_a_bdp_ping_waits_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It only feeds grpc-go's BDP estimate; any other answer (a keepalive's, whose sender closes
+    the connection when it comes too late) keeps PARK_DELAY, and then takes the BDP answer with it."""
+    monkeypatch.setattr(connection, "PARK_DELAY", 0.0)
+    monkeypatch.setattr(connection, "BDP_ANSWER_DELAY", 3600.0)
+    pair = Pair()
+    pair.conn.upstream_data(ping(BDP_PING))
+    await turns()
+    assert pair.backend.writes == []
+    assert pair.conn.c2u.timer is not None
+    pair.conn.upstream_data(ping(bytes(8)))  # one timer, moved to the earlier deadline
+    await turns()
+    assert pair.backend.writes == [ping(BDP_PING, ack=True) + ping(bytes(8), ack=True)]
     assert pair.conn.c2u.timer is None
 
 
