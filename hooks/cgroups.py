@@ -55,6 +55,8 @@ A helper for a file the kernel does not have (``cpu.cfs_burst_us`` before Linux 
 ask :meth:`CgroupFS.has_file` first to skip quietly, or read with :meth:`CgroupFS.read_if_exists`
 (None for such a file: one open instead of an lstat and an open, as kernel file syscalls are most
 of a pod-level hook call's cost). The helpers write first and look why only when a write fails.
+On a cgroup v1 mount a FILES file this kernel lacks is looked for once per handle (``_note_absent``),
+and a new pod's existence is read off the lstat that resolving its path makes (``_is_dir``).
 
 **systemd driver.** There systemd owns the pod slices and puts its own values back into them
 (docs/systemd.md). Every successful :meth:`CgroupFS.write` is shown to the handle's
@@ -184,6 +186,10 @@ CONTAINER_DIR_FORMATS: Final[Mapping[CgroupDriver, tuple[str, ...]]] = MappingPr
         "systemd": ("cri-containerd-{id}.scope", "crio-{id}.scope", "docker-{id}.scope", "{id}", "crio-{id}"),
     }
 )
+
+#: The files of FILES: each holds one value (one record to the kernel, see kernel_files.read_bytes), and
+#: belongs to a controller built into the kernel (cpu, cpuset, memory: no module adds their files).
+_VALUE_FILES: Final = frozenset(name for names in FILES.values() for name in names if name is not None)
 
 # v1 "no limit" for memory.*_in_bytes: PAGE_COUNTER_MAX pages, as the kernel prints it (4 KiB pages).
 _V1_UNLIMITED = "-1"
@@ -375,12 +381,23 @@ def _text(data: bytes) -> str:
 _ABSENT: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR})
 
 
-def _is_link(path: str) -> bool:
-    """Whether ``path`` is a symlink (a missing path is not, as for os.path.realpath)."""
+def _cgroup_mounts() -> frozenset[str]:
+    """The mount points of cgroup v1 hierarchies (/proc/self/mountinfo: the 5th field, and the file
+    system type after " - "); none when it cannot be read."""
     try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
+        lines = read_bytes("/proc/self/mountinfo").decode("utf-8", "replace").splitlines()
     except OSError:
-        return False
+        return frozenset()
+    mounts = (line.split() for line in lines)
+    return frozenset(fields[4] for fields in mounts if "-" in fields[:-1] and fields[fields.index("-") + 1] == "cgroup")
+
+
+def _lstat_mode(path: str) -> int | None:
+    """``path``'s mode, not following a link; None where there is nothing to see."""
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return None
 
 
 def _write_file(path: str | Path, data: bytes) -> None:
@@ -449,6 +466,9 @@ class CgroupFS:
         # see _remembered; key: (kind, controller, parent, file, container id or None)
         self._paths: dict[tuple[str, str, str, str | None, str | None], str] = {}
         self._container_dirs: dict[tuple[str, str, str], str] = {}  # see _container_dir
+        self._absent: set[tuple[str, str]] = set()  # (controller, file) this kernel lacks: see _note_absent
+        self._fixed: dict[str, bool] = {}  # see _files_fixed
+        self._seen: tuple[str, int | None] | None = None  # see _is_dir
         self.driver: CgroupDriver = driver
         self._version = version
 
@@ -633,11 +653,14 @@ class CgroupFS:
             if len(self._resolved) >= _RESOLVED_MAX:
                 self._resolved.clear()
             parent, name = os.path.split(key)
-            if name in ("", ".", "..") or not os.path.isabs(key) or _is_link(key):
+            plain = name not in ("", ".", "..") and os.path.isabs(key)
+            mode = _lstat_mode(key) if plain else None
+            if not plain or (mode is not None and stat.S_ISLNK(mode)):
                 real = os.path.realpath(key)
             else:
                 real = os.path.join(self._realpath(parent), name)
             self._resolved[key] = real
+            self._seen = (key, mode) if plain else None
         return real
 
     def _real_root(self) -> str:
@@ -649,14 +672,59 @@ class CgroupFS:
 
     def exists(self, parent: str, container_id: str | None = None, controller: str = "cpu") -> bool:
         """Whether the pod's (or container's) cgroup directory exists."""
-        return os.path.isdir(self._path_text(controller, parent, container_id, None))
+        self._seen = None
+        return self._is_dir(self._path_text(controller, parent, container_id, None))
+
+    def pod_cgroup_exists(self, controller: str, parent: str) -> bool:
+        """Whether the pod cgroup ``parent`` exists, checked first as :meth:`pod_path` checks it."""
+        self._seen = None
+        return self._is_dir(self._pod_path_text(controller, parent, None, None))
+
+    def _is_dir(self, path: str) -> bool:
+        """``os.path.isdir(path)`` for a path just resolved, after _seen was cleared: a new path's
+        resolution has lstat'ed it (_realpath), and what is no link there is what isdir would find,
+        so a new pod's first look costs one syscall, not two."""
+        seen, self._seen = self._seen, None
+        if seen is not None and seen[0] == path and (seen[1] is None or not stat.S_ISLNK(seen[1])):
+            return seen[1] is not None and stat.S_ISDIR(seen[1])
+        return os.path.isdir(path)
 
     def has_file(self, controller: str, file: str, parent: str, container_id: str | None = None) -> bool:
         """Whether the cgroup has ``file`` (kernel features show up as files). A link is no cgroup file."""
-        try:
-            return stat.S_ISREG(os.lstat(self._file_text(controller, parent, container_id, file)).st_mode)
-        except OSError:  # missing (or unreadable directory): no such file, as os.path.isfile says
+        path = self._file_text(controller, parent, container_id, file)
+        if (controller, file) in self._absent:
             return False
+        try:
+            return stat.S_ISREG(os.lstat(path).st_mode)
+        except OSError as exc:  # missing (or unreadable directory): no such file, as os.path.isfile says
+            self._note_absent(exc, controller, file, path, parent, container_id)
+            return False
+
+    def _note_absent(
+        self, exc: OSError, controller: str, file: str, path: str, parent: str, container_id: str | None
+    ) -> None:
+        """Remember that this kernel lacks ``file`` (a FILES one) when a pod's or container's existing
+        cgroup has none where its controller's files are fixed (_files_fixed): every later probe of it
+        (a kernel feature such as cpu.bvt_warp_ns, memory.wmark_*) would find none either."""
+        if (
+            exc.errno == errno.ENOENT
+            and file in _VALUE_FILES
+            and (container_id is not None or parent_path(parent))  # the root cgroup lacks some files
+            and self._files_fixed(controller)
+            and os.path.isdir(os.path.dirname(path))
+        ):
+            self._absent.add((controller, file))
+
+    def _files_fixed(self, controller: str) -> bool:
+        """Whether every non-root cgroup of ``controller`` has the same files while the server runs: on a
+        cgroup v1 hierarchy mounted as such (cgroup_addrm_files gives each cgroup its controllers'
+        files). Not on v2, where a cgroup's files follow the controllers enabled for it, nor in a tree of
+        plain files (a test's), where files come and go."""
+        fixed = self._fixed.get(controller)
+        if fixed is None:
+            fixed = self.version is CgroupVersion.V1 and self._real_hierarchy(controller) in _cgroup_mounts()
+            self._fixed[controller] = fixed
+        return fixed
 
     def _file_text(self, controller: str, parent: str, container_id: str | None, file: str) -> str:
         """``file``'s path for has_file and read: its cgroup's checked directory (remembered) and the
@@ -670,17 +738,20 @@ class CgroupFS:
         """The content of ``file``, surrounding whitespace stripped. OSError if it cannot be read
         (ELOOP: the file is a link)."""
         path = self._file_text(controller, parent, container_id, file)
-        return _text(read_bytes(path, follow=False))
+        return _text(read_bytes(path, follow=False, one_record=file in _VALUE_FILES))
 
     def read_if_exists(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str | None:
         """:meth:`read`, or None where :meth:`has_file` says False (no such file or cgroup, a link,
         a directory): one open answers both, saving has_file's lstat per file. Other errors
         (EACCES, EIO...) are raised as read raises them."""
         path = self._file_text(controller, parent, container_id, file)
+        if (controller, file) in self._absent:
+            return None
         try:
-            return _text(read_bytes(path, follow=False))
+            return _text(read_bytes(path, follow=False, one_record=file in _VALUE_FILES))
         except OSError as exc:
             if exc.errno in _ABSENT:
+                self._note_absent(exc, controller, file, path, parent, container_id)
                 return None
             raise
 
@@ -769,12 +840,28 @@ class CgroupFS:
 
     # -- cpu --
 
-    def set_cpu_quota(self, parent: str, quota: int, period: int = 100000, container_id: str | None = None) -> None:
-        """CFS bandwidth: ``quota`` µs per ``period`` µs; quota <= 0 means no limit (-1 / "max")."""
+    def set_cpu_quota(
+        self,
+        parent: str,
+        quota: int,
+        period: int = 100000,
+        container_id: str | None = None,
+        *,
+        period_now: int | None = None,
+    ) -> None:
+        """CFS bandwidth: ``quota`` µs per ``period`` µs; quota <= 0 means no limit (-1 / "max").
+
+        ``period_now``: the period the cgroup has, as the caller has just read it. On v1 an equal
+        period is not written again (an open, a write(2) and a close saved): the quota write alone
+        sets the same bandwidth, as both files go through the kernel's tg_set_cfs_bandwidth with the
+        quota and the period (kernel/sched/core.c)."""
         if period <= 0:
             raise ValueError(f"cpu period must be > 0 µs, got {period}")
         if self.version is CgroupVersion.V2:
             self._write_setting("cpu", "cpu.quota", f"{quota if quota > 0 else 'max'} {period}", parent, container_id)
+            return
+        if period_now == period:
+            self._write_setting("cpu", "cpu.quota", quota if quota > 0 else -1, parent, container_id)
             return
         # The quota file is checked before the period is written: a missing one leaves both alone.
         quota_file = self._setting("cpu", "cpu.quota", parent, container_id)

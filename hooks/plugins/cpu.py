@@ -489,9 +489,9 @@ def pod_cgroup_ready(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool = Fal
 
 def _ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool, controller: str) -> tuple[bool, bool]:
     """(made, exists now) for ensure_pod_cgroup and pod_cgroup_ready."""
-    target = fs.pod_path(controller, parent)
-    if fs.exists(parent, None, controller):
+    if fs.pod_cgroup_exists(controller, parent):
         return False, True
+    target = fs.pod_path(controller, parent)
     if dry_run:
         log.info("would create the missing pod cgroup", path=str(target))
         return False, False
@@ -561,7 +561,12 @@ def apply_pod_plan(
         if _write("burst", log, fs.set_cpu_burst, parent, burst_to):
             written.append("burst")
         burst_to = None
-    if quota_to is not None and _write("quota", log, fs.set_cpu_quota, parent, quota_to[0], quota_to[1]):
+    # quota_to comes with the quota and period just read: an equal period is not written again.
+    if (
+        quota_to is not None
+        and quota_now is not None
+        and _write("quota", log, fs.set_cpu_quota, parent, quota_to[0], quota_to[1], period_now=quota_now[1])
+    ):
         written.append("quota")
     if burst_to is not None and _write("burst", log, fs.set_cpu_burst, parent, burst_to):
         written.append("burst")

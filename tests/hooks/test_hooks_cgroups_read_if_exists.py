@@ -77,7 +77,7 @@ _ABSENT = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR}
 def test_an_unreadable_file_raises_as_read_does(code: int) -> None:
     fs = CgroupFS("/nonexistent-root", version=CgroupVersion.V1)
 
-    def refuse(path: str | os.PathLike[str], *, follow: bool = True) -> bytes:
+    def refuse(path: str | os.PathLike[str], *, follow: bool = True, one_record: bool = False) -> bytes:
         raise OSError(code, os.strerror(code), str(path))
 
     with pytest.MonkeyPatch.context() as patch:

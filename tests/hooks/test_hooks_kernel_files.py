@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,30 @@ def test_a_link_is_followed_only_when_asked(tmp_path: Path) -> None:
 def test_a_missing_file_raises_enoent(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         read_bytes(tmp_path / "gone")
+
+
+@given(st.binary(max_size=200_000))
+def test_one_record_reads_the_whole_content_too(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    path = tmp_path_factory.mktemp("kf") / "file"
+    path.write_bytes(data)
+    assert read_bytes(path, one_record=True) == data
+    assert read_bytes(path, follow=False, one_record=True) == data
+
+
+@pytest.mark.parametrize(("size", "one_record", "reads"), [(7, True, 1), (0, True, 1), (7, False, 2), (65536, True, 2)])
+def test_one_record_stops_at_a_short_first_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, one_record: bool, reads: int
+) -> None:
+    """A short first read is the whole record: the empty read after it is saved; a full one goes on."""
+    path = tmp_path / "value"
+    path.write_bytes(b"1" * size)
+    calls: list[int] = []
+    real_read = os.read
+
+    def counting(fd: int, n: int) -> bytes:
+        calls.append(n)
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", counting)
+    assert read_bytes(path, one_record=one_record) == b"1" * size
+    assert len(calls) == reads

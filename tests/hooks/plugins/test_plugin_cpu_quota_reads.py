@@ -36,6 +36,10 @@ class CountingFS(CgroupFS):
         self.exists_asked[controller] = self.exists_asked.get(controller, 0) + 1
         return super().exists(parent, container_id, controller)
 
+    def pod_cgroup_exists(self, controller: str, parent: str) -> bool:
+        self.exists_asked[controller] = self.exists_asked.get(controller, 0) + 1
+        return super().pod_cgroup_exists(controller, parent)
+
     def read(self, controller: str, file: str, parent: str, container_id: str | None = None) -> str:
         self.reads[file] = self.reads.get(file, 0) + 1
         return super().read(controller, file, parent, container_id)
