@@ -54,11 +54,11 @@ import structlog
 
 from runtimeproxy import trace
 from runtimeproxy.relay import frames, grpc_wire
-from runtimeproxy.relay.grpc_wire import status_frame
-from runtimeproxy.relay.hpack_cache import CachingDecoder
+from runtimeproxy.relay.grpc_wire import MessageSizer, status_frame
+from runtimeproxy.relay.hpack_cache import CachingDecoder, HeaderList
 from runtimeproxy.relay.interceptor import CallContext, CallInterceptor, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo, MethodTable
-from runtimeproxy.relay.streams import Stream
+from runtimeproxy.relay.streams import HeldStream, Stream
 
 log = structlog.get_logger("runtimeproxy.relay")
 
@@ -69,8 +69,10 @@ CallObserver = Callable[[MethodInfo, int, str, float, bool], None]
 # (b"": drop it). Plain functions in per-direction tables: one call per frame, no bound
 # methods (which would tie each connection into a reference cycle).
 FrameHandler = Callable[["RelayConnection", "_Direction", int, int, bytes, int, int], "bytes | None"]
+# Frame type (0-255) -> its handler, None for none: indexing a tuple is the cheapest dispatch.
+FrameTable = tuple["FrameHandler | None", ...]
 # Takes a decoded header block: (connection, stream id, flags of its HEADERS frame, headers).
-BlockHandler = Callable[["RelayConnection", int, int, list[tuple[str, str]]], None]
+BlockHandler = Callable[["RelayConnection", int, int, HeaderList], None]
 MAX_HEADER_LIST = 1 << 20
 # How long a parked frame may wait for the next write towards its peer. A hook call in a pod
 # start takes 1-2 ms, so the held call's HEADERS usually go out with its released DATA and the
@@ -89,6 +91,12 @@ PARK_DELAY = 0.005
 BDP_ANSWER_DELAY = 1.0
 _BDP_PING = bytes((2, 4, 16, 16, 9, 14, 7, 7))  # grpc-go's bdpPing payload (bdp_estimator.go)
 _RST_CODES = {frames.REFUSED_STREAM: grpc_wire.UNAVAILABLE, frames.CANCEL: grpc_wire.CANCELLED}
+# Flags tested on every frame of their kind, as plain globals (no module attribute lookups).
+_PADDED_OR_PRIORITY = frames.FLAG_PADDED | frames.FLAG_PRIORITY
+_END_HEADERS = frames.FLAG_END_HEADERS
+_PADDED = frames.FLAG_PADDED
+_PREFIX_LEN = grpc_wire.PREFIX_LEN
+_message_length = grpc_wire.MESSAGE_PREFIX.unpack_from
 
 
 class Backends:
@@ -175,6 +183,7 @@ class _Direction:
         "block",
         "block_flags",
         "block_stream",
+        "decoded",
         "decoder",
         "due",
         "feeding",
@@ -189,13 +198,14 @@ class _Direction:
         "transport",
     )
 
-    def __init__(self, handlers: dict[int, FrameHandler], on_block: BlockHandler) -> None:
+    def __init__(self, handlers: FrameTable, on_block: BlockHandler) -> None:
         # Frame types without a handler (PRIORITY, GOAWAY, unknown) pass through untouched.
         self.handlers = handlers
         self.on_block = on_block
         self.transport: asyncio.Transport | None = None
         self.pending = b""
         self.decoder = CachingDecoder(max_header_list_size=MAX_HEADER_LIST)
+        self.decoded = self.decoder.cache  # see _headers_frame
         # Header block being collected across HEADERS and CONTINUATION frames.
         self.block: list[bytes] | None = None
         self.block_stream = 0
@@ -506,7 +516,7 @@ class RelayConnection:
                     if not held_calls or ftype not in (frames.HEADERS, frames.CONTINUATION):
                         return None
                     stream = streams.get(sid & frames.MAX_STREAM_ID)
-                    if stream is None or stream.held_request is None or stream.after_due:
+                    if not isinstance(stream, HeldStream) or stream.after_due:
                         return None
                     delay = PARK_DELAY
                 pos += frames.HEADER_LEN + ((high << 8) | low)
@@ -537,17 +547,18 @@ class RelayConnection:
             data = d.pending + data
             d.pending = b""
         size = len(data)
+        last = size - frames.HEADER_LEN  # where the last whole frame header can start
         pos = run_start = 0
         unpack = frames.FRAME_HEADER.unpack_from
         handlers = d.handlers
         header_len, stream_mask = frames.HEADER_LEN, frames.MAX_STREAM_ID
         d.feeding = True
-        while size - pos >= header_len:
+        while pos <= last:
             high, low, ftype, flags, stream_id = unpack(data, pos)
             end = pos + header_len + ((high << 8) | low)
             if end > size:
                 break
-            handler = handlers.get(ftype)
+            handler = handlers[ftype]
             # Only a handler queues frames or closes a header block, so a frame without one
             # never leaves the fast path.
             if handler is not None:
@@ -617,10 +628,9 @@ class RelayConnection:
                 return b""
             self.up_conn_window -= length
             return None
-        if stream.held_request is not None:
+        if isinstance(stream, HeldStream):
             return self._hold_request(stream, flags, data, start, end)
-        lo, hi = frames.data_bounds(flags, data, start, end)
-        too_big = stream.request_sizer.feed(data, lo, hi)
+        too_big = _oversized(stream, False, flags, data, start, end)
         if too_big is not None:
             self.client_credit += length
             self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
@@ -628,34 +638,44 @@ class RelayConnection:
         self.up_conn_window -= length
         return None
 
-    def _client_headers(self, sid: int, flags: int, headers: list[tuple[str, str]]) -> None:
-        stream = self.streams.get(sid)
-        if stream is None and sid > self.last_client_stream:
-            stream = self._open_stream(sid, headers)
-        held = stream is not None and stream.held_request is not None and stream.before_task is None
-        if held and flags & frames.FLAG_END_STREAM:
+    def _client_headers(self, sid: int, flags: int, headers: HeaderList) -> None:
+        # Calls are opened in stream id order (_open_stream), so a higher id is a new call.
+        stream = self._open_stream(sid, headers) if sid > self.last_client_stream else self.streams.get(sid)
+        if isinstance(stream, HeldStream) and stream.before_task is None and flags & frames.FLAG_END_STREAM:
             # No message for the hooks (headers only), or request trailers, which gRPC does not
             # use: the backend would run the call without the hooks having seen a request.
-            assert stream is not None
             self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, "a unary request must carry exactly one message")
 
-    def _open_stream(self, sid: int, headers: list[tuple[str, str]]) -> Stream:
+    def _open_stream(self, sid: int, headers: HeaderList) -> Stream:
         self.last_client_stream = sid
-        fields = dict(headers)  # a repeated field: the last one counts
-        method = self.options.methods.lookup(fields.get(":path", ""))
-        call = None
-        if self.options.intercepts(method):
-            timeout = fields.get("grpc-timeout")
-            seconds = grpc_wire.parse_timeout(timeout) if timeout else None
-            deadline = None if seconds is None else self.c2u.running_loop().time() + seconds
-            metadata = [(k, v) for k, v in headers if not k.startswith(":")]
-            call = CallContext(method=method, metadata=metadata, deadline=deadline)
-            self.claimed = True
-        stream = Stream(sid, method, time.perf_counter(), self.options.max_message_size, call)
-        stream.up_window = self.up_initial_window
+        # The block's method and whether the interceptor claims it, kept with the decoded
+        # block: a client sends the same bytes for each call of a method once its table is warm.
+        digest: tuple[MethodInfo, bool] | None = headers.digest
+        if digest is None:
+            path = dict(headers).get(":path", "")  # a repeated field: the last one counts
+            method = self.options.methods.lookup(path)
+            digest = headers.digest = (method, self.options.intercepts(method))
+        method, claimed = digest
+        stream: Stream
+        if claimed:
+            stream = self._open_held(sid, method, headers)
+        else:
+            stream = Stream(sid, method, time.perf_counter(), self.options.max_message_size)
         self.streams[sid] = stream
         if self.split_backends and self._misrouted(method):
             self._end_by_relay(stream, grpc_wire.UNIMPLEMENTED, self._misroute_reason(method))
+        return stream
+
+    def _open_held(self, sid: int, method: MethodInfo, headers: HeaderList) -> HeldStream:
+        fields = dict(headers)  # a repeated field: the last one counts
+        timeout = fields.get("grpc-timeout")
+        seconds = grpc_wire.parse_timeout(timeout) if timeout else None
+        deadline = None if seconds is None else self.c2u.running_loop().time() + seconds
+        metadata = [(k, v) for k, v in headers if not k.startswith(":")]
+        call = CallContext(method=method, metadata=metadata, deadline=deadline)
+        self.claimed = True
+        stream = HeldStream(sid, method, time.perf_counter(), self.options.max_message_size, call)
+        stream.up_window = self.up_initial_window
         return stream
 
     def _misrouted(self, method: MethodInfo) -> bool:
@@ -672,15 +692,14 @@ class RelayConnection:
     def _client_reset(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
         stream = self.streams.get(sid)
         if stream is not None:
-            if stream.before_task is not None:
+            if isinstance(stream, HeldStream) and stream.before_task is not None:
                 stream.before_task.cancel()
             self._finish(stream, grpc_wire.CANCELLED, "cancelled by the client")
         return b"" if sid in self.ended_by_relay else None
 
     # -- intercepted requests --------------------------------------------------------------
 
-    def _hold_request(self, stream: Stream, flags: int, data: bytes, start: int, end: int) -> bytes:
-        assert stream.held_request is not None
+    def _hold_request(self, stream: HeldStream, flags: int, data: bytes, start: int, end: int) -> bytes:
         length = end - start
         if stream.before_task is not None:
             # DATA after END_STREAM: forwarding it could hand the backend a request the hooks
@@ -688,12 +707,12 @@ class RelayConnection:
             self.client_credit += length
             self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, "DATA after the end of the request")
             return b""
-        lo, hi = frames.data_bounds(flags, data, start, end)
-        too_big = stream.request_sizer.feed(data, lo, hi)
+        too_big = _oversized(stream, False, flags, data, start, end)
         if too_big is not None:
             self.client_credit += length
             self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
             return b""
+        lo, hi = frames.data_bounds(flags, data, start, end)
         if not self._hold(stream, hi - lo):
             self.client_credit += length
             return b""
@@ -709,7 +728,7 @@ class RelayConnection:
             self.u2c.inject(frames.window_update(stream.id, length))
         return b""
 
-    def _hold(self, stream: Stream, size: int) -> bool:
+    def _hold(self, stream: HeldStream, size: int) -> bool:
         """Count ``size`` more held bytes against the budget, or refuse the call."""
         held = self.options.held
         if held.take(size):
@@ -725,13 +744,13 @@ class RelayConnection:
         )
         return False
 
-    def _start_before(self, stream: Stream) -> None:
+    def _start_before(self, stream: HeldStream) -> None:
         task = self.c2u.running_loop().create_task(self._run_before(stream))
         stream.before_task = task
         self._keep(task)
 
-    async def _run_before(self, stream: Stream) -> None:
-        assert stream.held_request is not None and stream.call is not None
+    async def _run_before(self, stream: HeldStream) -> None:
+        assert stream.call is not None
         received = bytes(stream.held_request)
         stream.held_request.clear()  # one copy at a time: large requests are budgeted
         try:
@@ -773,7 +792,7 @@ class RelayConnection:
         finally:
             u2c.write_out()
 
-    def _send_request(self, stream: Stream, body: bytes) -> None:
+    def _send_request(self, stream: HeldStream, body: bytes) -> None:
         stream.pending_out = body
         stream.sending = True
         self.sending_calls += 1
@@ -798,7 +817,7 @@ class RelayConnection:
             debt = 0
         self.client_credit_debt = debt
 
-    def _send_pending(self, stream: Stream) -> None:
+    def _send_pending(self, stream: HeldStream) -> None:
         """Send as much of a changed request as the backend's windows allow, ending the stream."""
         while stream.sending:
             size = min(len(stream.pending_out), self.up_conn_window, stream.up_window, self.up_max_frame)
@@ -838,35 +857,33 @@ class RelayConnection:
                 self.upstream_credit += end - start
                 return b""
             return None
-        lo, hi = frames.data_bounds(flags, data, start, end)
         # Offsets into the read buffer: a large response is never copied to be checked.
-        too_big = stream.response_sizer.feed(data, lo, hi)
+        too_big = _oversized(stream, True, flags, data, start, end)
         if too_big is not None:
             self.upstream_credit += end - start
             trailers_only = not stream.response_headers_seen
             message = _too_large("response", too_big, stream)
             self._end_stream(stream, grpc_wire.RESOURCE_EXHAUSTED, message)
             return status_frame(sid, grpc_wire.RESOURCE_EXHAUSTED, message, trailers_only)
-        if stream.response_body is not None:
+        if isinstance(stream, HeldStream):
+            lo, hi = frames.data_bounds(flags, data, start, end)
             stream.response_body += data[lo:hi]
         return None
 
-    def _upstream_headers(self, sid: int, flags: int, headers: list[tuple[str, str]]) -> None:
+    def _upstream_headers(self, sid: int, flags: int, headers: HeaderList) -> None:
         stream = self.streams.get(sid)
         if stream is None:
             return
         if not flags & frames.FLAG_END_STREAM:
             stream.response_headers_seen = True
             return
-        fields = dict(headers)  # a repeated field: the last one counts
-        status = fields.get("grpc-status")
-        # Inline for OK and no message: what nearly every call ends with.
-        if status == "0":
-            code = grpc_wire.OK
-        else:
-            code = grpc_wire.UNKNOWN if status is None else grpc_wire.parse_status(status)
-        message = fields.get("grpc-message")
-        self._finish(stream, code, grpc_wire.decode_grpc_message(message) if message else "")
+        # The status, kept with the decoded block: the backend's trailers of one kind of
+        # answer are the same bytes call after call.
+        status: tuple[int, str] | None = headers.digest
+        if status is None:
+            status = headers.digest = _call_status(headers)
+        code, message = status
+        self._finish(stream, code, message)
 
     def _upstream_window_update(
         self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
@@ -885,7 +902,7 @@ class RelayConnection:
         if sid in self.ended_by_relay:
             return b""
         stream = self.streams.get(sid)
-        if stream is not None and stream.intercepted:
+        if isinstance(stream, HeldStream):
             stream.up_window += increment
             self._send_pending(stream)
         return None
@@ -896,7 +913,8 @@ class RelayConnection:
             delta = window - self.up_initial_window
             self.up_initial_window = window
             for stream in self.streams.values():
-                stream.up_window += delta
+                if isinstance(stream, HeldStream):  # only a changed request is sent by the relay
+                    stream.up_window += delta
         self.up_max_frame = values.get(frames.SETTINGS_MAX_FRAME_SIZE, self.up_max_frame)
         table = values.get(frames.SETTINGS_HEADER_TABLE_SIZE)
         if table is not None:
@@ -904,10 +922,10 @@ class RelayConnection:
 
     def _resume_pending_sends(self) -> None:
         for stream in self.streams.values():
-            if stream.sending:
+            if isinstance(stream, HeldStream) and stream.sending:
                 self._send_pending(stream)
 
-    def _start_after(self, stream: Stream, code: int, message: str) -> None:
+    def _start_after(self, stream: HeldStream, code: int, message: str) -> None:
         assert stream.call is not None
         response = None
         if stream.response_body:
@@ -926,16 +944,14 @@ class RelayConnection:
 
     def _headers_frame(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
         """Start a header block; decode it once complete. Header frames are always forwarded."""
-        if flags & (frames.FLAG_PADDED | frames.FLAG_PRIORITY):
+        if flags & _PADDED_OR_PRIORITY:
             fragment = bytes(frames.header_block_fragment(flags, data[start:end]))
         else:
             fragment = data[start:end]
-        if flags & frames.FLAG_END_HEADERS:
-            try:  # _decode, inline: three header blocks per call
-                headers = d.decoder.decode(fragment)
-            except hpack.HPACKError as exc:
-                headers = self._undecodable(exc)
-            d.on_block(self, sid, flags, headers)
+        if flags & _END_HEADERS:
+            # The decoder's cache first, inline: three header blocks per call, nearly all hits.
+            headers = d.decoded.get(fragment)
+            d.on_block(self, sid, flags, self._decode(d, fragment) if headers is None else headers)
         else:
             d.block, d.block_stream, d.block_flags = [fragment], sid, flags
         return None
@@ -951,17 +967,17 @@ class RelayConnection:
             d.on_block(self, d.block_stream, d.block_flags, self._decode(d, block))
         return None
 
-    def _decode(self, d: _Direction, block: bytes) -> list[tuple[str, str]]:
+    def _decode(self, d: _Direction, block: bytes) -> HeaderList:
         try:
             return d.decoder.decode(block)
         except hpack.HPACKError as exc:
             return self._undecodable(exc)
 
-    def _undecodable(self, exc: hpack.HPACKError) -> list[tuple[str, str]]:
+    def _undecodable(self, exc: hpack.HPACKError) -> HeaderList:
         # The peers' own decoders will fail on this too; the connection cannot go on.
         log.error("undecodable header block; closing connection", error=str(exc))
         asyncio.get_running_loop().call_soon(self.close)
-        return []
+        return HeaderList()
 
     # -- ending calls ----------------------------------------------------------------------
 
@@ -972,7 +988,7 @@ class RelayConnection:
         self.u2c.inject(status_frame(stream.id, code, message, trailers_only))
 
     def _end_stream(self, stream: Stream, code: int, message: str) -> None:
-        if stream.before_task is not None:
+        if isinstance(stream, HeldStream) and stream.before_task is not None:
             stream.before_task.cancel()
         self.ended_by_relay.add(stream.id)
         self.c2u.handlers = _CLIENT_FRAMES_AFTER_END
@@ -984,6 +1000,12 @@ class RelayConnection:
     def _finish(self, stream: Stream, code: int, message: str) -> None:
         if self.streams.pop(stream.id, None) is None:
             return
+        if isinstance(stream, HeldStream):
+            self._finish_held(stream, code, message)
+        else:
+            self.options.observer(stream.method, code, message, time.perf_counter() - stream.started, False)
+
+    def _finish_held(self, stream: HeldStream, code: int, message: str) -> None:
         if stream.held_bytes:
             self.options.held.give_back(stream.held_bytes)
             stream.held_bytes = 0
@@ -1019,9 +1041,13 @@ class RelayConnection:
         return len(self.streams)
 
 
+def _table(handlers: dict[int, FrameHandler]) -> FrameTable:
+    return tuple(handlers.get(ftype) for ftype in range(256))
+
+
 # A client's WINDOW_UPDATEs (two per call) pass untouched until the relay has ended a call
 # itself: only then may one name a stream the backend no longer knows.
-_CLIENT_FRAMES: dict[int, FrameHandler] = {
+_CLIENT_HANDLERS: dict[int, FrameHandler] = {
     frames.DATA: RelayConnection._client_data_frame,
     frames.HEADERS: RelayConnection._headers_frame,
     frames.CONTINUATION: RelayConnection._continuation_frame,
@@ -1029,11 +1055,9 @@ _CLIENT_FRAMES: dict[int, FrameHandler] = {
     frames.SETTINGS: RelayConnection._client_settings,
     frames.PING: RelayConnection._ping_frame,
 }
-_CLIENT_FRAMES_AFTER_END: dict[int, FrameHandler] = {
-    **_CLIENT_FRAMES,
-    frames.WINDOW_UPDATE: RelayConnection._client_window_update,
-}
-_UPSTREAM_FRAMES: dict[int, FrameHandler] = {
+_CLIENT_FRAMES = _table(_CLIENT_HANDLERS)
+_CLIENT_FRAMES_AFTER_END = _table({**_CLIENT_HANDLERS, frames.WINDOW_UPDATE: RelayConnection._client_window_update})
+_UPSTREAM_FRAMES = _table({
     frames.DATA: RelayConnection._upstream_data_frame,
     frames.HEADERS: RelayConnection._headers_frame,
     frames.CONTINUATION: RelayConnection._continuation_frame,
@@ -1041,7 +1065,7 @@ _UPSTREAM_FRAMES: dict[int, FrameHandler] = {
     frames.SETTINGS: RelayConnection._upstream_settings_frame,
     frames.WINDOW_UPDATE: RelayConnection._upstream_window_update,
     frames.PING: RelayConnection._ping_frame,
-}
+})
 
 
 def _is_ping_answer(high: int, low: int, ftype: int, flags: int, sid: int) -> bool:
@@ -1072,9 +1096,40 @@ def first_call_path(data: bytes) -> str | None:
     return None
 
 
+def _call_status(trailers: HeaderList) -> tuple[int, str]:
+    """The gRPC status code and message a call's trailers carry."""
+    fields = dict(trailers)  # a repeated field: the last one counts
+    status = fields.get("grpc-status")
+    code = grpc_wire.UNKNOWN if status is None else grpc_wire.parse_status(status)
+    message = fields.get("grpc-message")
+    return code, grpc_wire.decode_grpc_message(message) if message else ""
+
+
 def _too_large(what: str, size: int, stream: Stream) -> str:
-    limit = stream.request_sizer.limit
-    return f"{what} message of {size} bytes for {stream.method.path} is over the proxy's limit of {limit}"
+    return f"{what} message of {size} bytes for {stream.method.path} is over the proxy's limit of {stream.limit}"
+
+
+def _oversized(stream: Stream, response: bool, flags: int, data: bytes, start: int, end: int) -> int | None:
+    """The size of a message over the limit in the DATA payload ``data[start:end]`` of ``stream``,
+    if one starts there; else None. Checked in place (a large response's frames are most of what
+    the relay reads). A frame that is exactly one whole message within the limit leaves the
+    call at a message boundary, as it found it (a unary call's only DATA frame, nearly every
+    frame): no sizer is made for such calls."""
+    if flags & _PADDED:
+        start, end = frames.data_bounds(flags, data, start, end)
+    sizer = stream.response_sizer if response else stream.request_sizer
+    if sizer is None:
+        size = end - start - _PREFIX_LEN
+        if size >= 0:
+            length: int = _message_length(data, start)[1]
+            if length == size and length <= stream.limit:
+                return None
+        sizer = MessageSizer(stream.limit)
+        if response:
+            stream.response_sizer = sizer
+        else:
+            stream.request_sizer = sizer
+    return sizer.feed(data, start, end)
 
 
 async def _guarded(coro: Any, method: str) -> None:
@@ -1143,7 +1198,7 @@ class _BackendDown:
         try:
             headers = self.conn.c2u.decoder.decode(block)
         except hpack.HPACKError:
-            headers = []
+            headers = HeaderList()
         path = next((value for name, value in headers if name == ":path"), "")
         method = self.conn.options.methods.lookup(path)
         self.conn.options.observer(method, grpc_wire.UNAVAILABLE, self.reason, 0.0, False)

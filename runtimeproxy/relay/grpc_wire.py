@@ -167,13 +167,10 @@ class MessageSizer:
 
     def feed(self, data: bytes | memoryview, start: int, end: int) -> int | None:
         """Account for ``data[start:end]``; return the length of a message over the limit."""
+        # A call's DATA frames that are each one whole message need no sizer at all: the relay
+        # makes one only for a call that sends anything else (connection._oversized).
         pos, left = start, self._body_left
-        if not left and not self._prefix and end - pos >= PREFIX_LEN:
-            # The common case, first: the chunk is exactly one whole message (a unary request
-            # or response in one DATA frame), within the limit.
-            length: int = MESSAGE_PREFIX.unpack_from(data, pos)[1]
-            if length == end - pos - PREFIX_LEN and length <= self.limit:
-                return None
+        length: int
         while pos < end:
             if left:
                 if left >= end - pos:  # the rest of the chunk is message body

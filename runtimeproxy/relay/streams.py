@@ -10,53 +10,52 @@ from runtimeproxy.relay.methods import MethodInfo
 
 
 class Stream:
-    """One relayed call. Calls an interceptor claims also hold their request and response."""
+    """One relayed call: what every call needs, and no more (one is made per call).
+
+    The message sizers are made only when a DATA frame is not exactly one whole message (see
+    ``_oversized`` in connection.py): a unary call never needs them.
+    """
+
+    __slots__ = ("call", "id", "limit", "method", "request_sizer", "response_headers_seen", "response_sizer", "started")
+
+    def __init__(self, stream_id: int, method: MethodInfo, started: float, limit: int) -> None:
+        self.id = stream_id
+        self.method = method
+        self.started = started
+        self.limit = limit  # the largest message, either way
+        self.request_sizer: MessageSizer | None = None
+        self.response_sizer: MessageSizer | None = None
+        self.response_headers_seen = False
+        self.call: CallContext | None = None  # set for a call an interceptor claims (HeldStream)
+
+
+class HeldStream(Stream):
+    """A call an interceptor claims: it holds its request for the hooks and copies its response."""
 
     __slots__ = (
         "after_due",
         "before_task",
-        "call",
         "client_owed",
         "held_bytes",
         "held_request",
-        "id",
-        "intercepted",
-        "method",
         "pending_out",
         "request",
-        "request_sizer",
         "response_body",
-        "response_headers_seen",
-        "response_sizer",
         "sending",
-        "started",
         "up_window",
     )
 
-    def __init__(
-        self,
-        stream_id: int,
-        method: MethodInfo,
-        started: float,
-        max_message: int,
-        call: CallContext | None,
-    ) -> None:
-        self.id = stream_id
-        self.method = method
-        self.started = started
+    def __init__(self, stream_id: int, method: MethodInfo, started: float, limit: int, call: CallContext) -> None:
+        super().__init__(stream_id, method, started, limit)
         self.call = call
-        self.intercepted = call is not None
-        self.request_sizer = MessageSizer(max_message)
-        self.response_sizer = MessageSizer(max_message)
-        self.response_headers_seen = False
-        # Intercepted calls only: the request as received, then as sent on.
-        self.held_request = bytearray() if call is not None else None
+        # The request as received, then as sent on.
+        self.held_request = bytearray()
         self.held_bytes = 0  # counted against the relay's held-request budget
         # Connection credit due to the client for the held request's last DATA frame, paid by
         # the backend's credit once it is sent on (RelayConnection._send_request).
         self.client_owed = 0
         self.request = b""
-        self.response_body = bytearray() if call is not None else None
+        self.response_body = bytearray()
         self.before_task: asyncio.Task[None] | None = None
         # Set once the request went on: ``after`` is then owed however the call ends.
         self.after_due = False
