@@ -66,6 +66,12 @@ def recorded(loader: RuntimeLoader) -> Recorder:
     return recorder
 
 
+def watched(loaders: tuple[RuntimeLoader, RuntimeLoader]) -> tuple[RuntimeLoader, Recorder, LivePodCache]:
+    """The loader that loads in full, the other one's calls (recorded) and a cache over that one."""
+    cached, full = loaders
+    return full, recorded(cached), LivePodCache(cached)
+
+
 LISTS: list[Call] = [("ListPodSandbox", "", False), ("ListContainers", "", False)]
 
 
@@ -184,9 +190,7 @@ def container_ids(live: LivePods) -> set[str]:
 async def test_known_objects_cost_one_plain_container_status_and_rounds_equal_full_loads(
     node: Node, loaders: tuple[RuntimeLoader, RuntimeLoader]
 ) -> None:
-    cached, full = loaders
-    calls = recorded(cached)
-    cache = LivePodCache(cached)
+    full, calls, cache = watched(loaders)
     pod_a, pod_b = node.run_pod("a"), node.run_pod("b")
     a1, a2 = node.add_container(pod_a, "a1"), node.add_container(pod_a, "a2")
     b1 = node.add_container(pod_b, "b1", start=False)  # CREATED is live too
@@ -240,9 +244,7 @@ async def test_known_objects_cost_one_plain_container_status_and_rounds_equal_fu
 async def test_objects_removed_between_list_and_status_are_skipped_and_forgotten(
     node: Node, loaders: tuple[RuntimeLoader, RuntimeLoader]
 ) -> None:
-    cached, full = loaders
-    calls = recorded(cached)
-    cache = LivePodCache(cached)
+    full, calls, cache = watched(loaders)
     pod_a = node.run_pod("a")
     a1, a2 = node.add_container(pod_a, "a1"), node.add_container(pod_a, "a2")
     await cache.read()
@@ -266,9 +268,7 @@ async def test_objects_removed_between_list_and_status_are_skipped_and_forgotten
 async def test_partial_entries_are_loaded_in_full_again(
     node: Node, loaders: tuple[RuntimeLoader, RuntimeLoader]
 ) -> None:
-    cached, full = loaders
-    calls = recorded(cached)
-    cache = LivePodCache(cached)
+    full, calls, cache = watched(loaders)
     pod_a = node.run_pod("a")
     a1 = node.add_container(pod_a, "a1")
     complete = await cache.read()
@@ -278,7 +278,7 @@ async def test_partial_entries_are_loaded_in_full_again(
     calls.fail[("ContainerStatus", a1)] = rpc_error(grpc.StatusCode.INTERNAL, "boom")
     calls.fail[("PodSandboxStatus", pod_b)] = rpc_error(grpc.StatusCode.INTERNAL, "boom")
     partial = await cache.read()
-    [listed] = (await cached.list_containers(pb.ListContainersRequest(filter=pb.ContainerFilter(id=a1)))).items
+    [listed] = (await cache.loader.list_containers(pb.ListContainersRequest(filter=pb.ContainerFilter(id=a1)))).items
     assert partial.containers[pod_a] == (container_info(container_from_list_item(listed)),)
     [pod_b_partial] = [pod for pod in partial.pods if pod.sandbox_id == pod_b]
     assert pod_b_partial.cgroup_parent == "" and pod_b_partial.resources is None
@@ -294,9 +294,7 @@ async def test_partial_entries_are_loaded_in_full_again(
 async def test_a_runtime_that_fails_or_restarts_leaves_nothing_stale(
     node: Node, loaders: tuple[RuntimeLoader, RuntimeLoader]
 ) -> None:
-    cached, full = loaders
-    calls = recorded(cached)
-    cache = LivePodCache(cached)
+    full, calls, cache = watched(loaders)
     pod_a = node.run_pod("a")
     a1 = node.add_container(pod_a, "a1")
     before = await cache.read()
