@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from google.protobuf.json_format import MessageToDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from runtimeproxy.hooks.live_pods import LivePodCache, LivePods, container_info, list_live_pods
+from verbose_info import go_json
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.cri_client import CriClient
@@ -324,14 +324,6 @@ async def test_a_runtime_that_fails_or_restarts_leaves_nothing_stale(
 
 
 # --- the cheap path against the full one, property-based ----------------------------------------------
-
-
-def go_json(message: Any) -> Any:
-    """The config as containerd's verbose info holds it (env values as text, not base64)."""
-    data = MessageToDict(message, preserving_proto_field_name=True)
-    if "envs" in data:
-        data["envs"] = [{"key": kv.key, "value": kv.value.decode()} for kv in message.envs]
-    return data
 
 
 class OneContainer:

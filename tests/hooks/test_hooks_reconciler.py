@@ -19,7 +19,6 @@ import grpc
 import grpc.aio
 import pytest
 from daemons import log_events, reap, spawn_hooks_serve
-from google.protobuf.json_format import MessageToDict
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import policy as policy_mod
 from runtimeproxy.hooks.cgroups import CgroupFS, PodRoots
@@ -27,6 +26,7 @@ from runtimeproxy.hooks.reconciler import LivePods, Reconciler, list_live_pods
 from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v2
 from structlog.testing import capture_logs
+from verbose_info import go_json
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.cri_client import CriClient
@@ -45,14 +45,6 @@ GI = 1 << 30
 
 def rpc_error(code: grpc.StatusCode, details: str = "") -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
-
-
-def go_json(message: Any) -> Any:
-    """The config as containerd's verbose info holds it (env values as text, not base64)."""
-    data = MessageToDict(message, preserving_proto_field_name=True)
-    if "envs" in data:
-        data["envs"] = [{"key": kv.key, "value": kv.value.decode()} for kv in message.envs]
-    return data
 
 
 class FakeRuntime:
