@@ -64,9 +64,11 @@ class CallFrame:
     hook_request: bytes | None = None
 
 
-def to_hook_resources(resources: Any) -> Any:
-    """runtime.v1 LinuxContainerResources as the hook API's message: same fields, same numbers."""
-    return hook.LinuxContainerResources.FromString(resources.SerializeToString())
+def copy_resources(target: Any, source: Any) -> None:
+    """Give ``target``, an unset LinuxContainerResources of either API (runtime.v1 or the hook
+    API: same fields under the same numbers), ``source``'s values, by re-encoding. Merging into
+    an unset field marks it set, as CopyFrom would."""
+    target.MergeFromString(source.SerializeToString())
 
 
 def to_cri_resources(resources: Any) -> Any:
@@ -116,12 +118,10 @@ def pod_hook_request(pod: PodView) -> Any:
         cgroup_parent=config.linux.cgroup_parent,
         pod_sandbox_id=pod.sandbox_id,
     )
-    # Resources go over as bytes (same fields, same numbers: to_hook_resources); merging into
-    # the request's unset field marks it set, as CopyFrom would.
     if config.linux.HasField("overhead"):
-        request.overhead.MergeFromString(config.linux.overhead.SerializeToString())
+        copy_resources(request.overhead, config.linux.overhead)
     if config.linux.HasField("resources"):
-        request.resources.MergeFromString(config.linux.resources.SerializeToString())
+        copy_resources(request.resources, config.linux.resources)
     return request
 
 
@@ -142,13 +142,12 @@ def container_hook_request(pod: PodView, container: ContainerView) -> Any:
         pod_sandbox_id=pod.sandbox_id,
         runtime_handler=pod.runtime_handler,
     )
-    # Resources as in pod_hook_request.
     if config.linux.HasField("resources"):
-        request.container_resources.MergeFromString(config.linux.resources.SerializeToString())
+        copy_resources(request.container_resources, config.linux.resources)
     if pod_config.linux.HasField("resources"):
-        request.pod_resources.MergeFromString(pod_config.linux.resources.SerializeToString())
+        copy_resources(request.pod_resources, pod_config.linux.resources)
     if pod_config.linux.HasField("overhead"):
-        request.pod_overhead.MergeFromString(pod_config.linux.overhead.SerializeToString())
+        copy_resources(request.pod_overhead, pod_config.linux.overhead)
     return request
 
 
