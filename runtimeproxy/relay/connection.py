@@ -20,9 +20,10 @@ own, in order) goes out in one write at the end of that read: one syscall per pe
 A read's write that can wait is parked instead (see ``_Direction.park``): a claimed call's
 HEADERS, useless to the backend before the hooks release its DATA, the relay's own
 flow-control credit, and its answers to the backend's PINGs (grpc-go sends one after each
-request). Parked bytes go out in front of the next write that way, or after ``PARK_DELAY``
-(``BDP_ANSWER_DELAY`` for the answer to a BDP ping), so a hooked call costs one write and one
-backend wake-up less, and any call one more.
+request). Parked bytes go out in front of the next write that way, or after ``PARK_DELAY``,
+so a hooked call costs one write and one backend wake-up less. Answers to the backend's BDP
+pings wait ``BDP_ANSWER_DELAY`` whatever else is written: while one is out, grpc-go sends no
+other, so most calls cost neither side a PING, a WINDOW_UPDATE before it, nor their wake-ups.
 
 Frames the relay writes itself use only HPACK literals without indexing (never touching
 the shared tables). A header block is always forwarded, even for a call the relay ended,
@@ -79,16 +80,22 @@ MAX_HEADER_LIST = 1 << 20
 # client's credit with the response; a slow hook must not hold the backend's view of the call,
 # nor a peer's flow-control credit, longer than this.
 PARK_DELAY = 0.005
-# How long the answer to a backend's BDP ping may wait for the next write towards the backend:
-# in a pod start it rides with the next request instead of costing a write (and a backend
-# wake-up) of its own. Only grpc-go's BDP estimator reads that answer (bdp_estimator.go:
-# calculate() ignores any other payload, takes the time since the ping as an RTT sample and
-# can only grow the receive window when the sample is large): a late answer at worst keeps
-# that window from growing, which small CRI requests never need, and while it is out grpc-go
-# sends no further BDP ping. Other PINGs (keepalive, whose ACK grpc-go's server awaits
-# Timeout = 20 s by default before closing; the GOAWAY ping of a graceful stop) keep
-# PARK_DELAY.
+# How long the answer to a backend's BDP ping waits, whatever else goes to the backend meanwhile.
+# grpc-go sends a BDP ping (with a connection WINDOW_UPDATE before it) on the first DATA it
+# reads while none is out, and none while one is out (http2_server.go handleData,
+# bdp_estimator.go add): answered with the next request, every request cost the backend that
+# write, and the relay a wake-up and a write to the client for the WINDOW_UPDATE. Held this
+# long, a busy connection gets one BDP ping a second. Only grpc-go's BDP estimator reads the
+# answer (calculate() ignores any other payload, takes the time since the ping as an RTT sample
+# and can only grow the receive window when the bytes read meanwhile are many): a late answer
+# at worst keeps that window from growing, which small CRI requests never need; the backend's
+# ordinary credit (a WINDOW_UPDATE once a quarter of its window is read) still flows. Other
+# PINGs (keepalive, whose ACK grpc-go's server awaits Timeout = 20 s by default before
+# closing; the GOAWAY ping of a graceful stop) keep PARK_DELAY.
 BDP_ANSWER_DELAY = 1.0
+# What _may_wait answers for a write of answers to BDP pings alone: held BDP_ANSWER_DELAY,
+# not taken along by the next write (see _Direction.park).
+BDP_ANSWERS_ONLY = float("inf")
 _BDP_PING = bytes((2, 4, 16, 16, 9, 14, 7, 7))  # grpc-go's bdpPing payload (bdp_estimator.go)
 _RST_CODES = {frames.REFUSED_STREAM: grpc_wire.UNAVAILABLE, frames.CANCEL: grpc_wire.CANCELLED}
 # Flags tested on every frame of their kind, as plain globals (no module attribute lookups).
@@ -188,6 +195,8 @@ class _Direction:
         "due",
         "feeding",
         "handlers",
+        "late",
+        "late_timer",
         "loop",
         "on_block",
         "out",
@@ -221,6 +230,9 @@ class _Direction:
         self.parked: list[bytes | memoryview] = []
         self.timer: asyncio.TimerHandle | None = None
         self.due = 0.0  # when the timer fires (loop time)
+        # Answers to BDP pings: only their own timer sends them (see BDP_ANSWER_DELAY).
+        self.late: list[bytes] = []
+        self.late_timer: asyncio.TimerHandle | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # see running_loop
 
     def running_loop(self) -> asyncio.AbstractEventLoop:
@@ -263,11 +275,17 @@ class _Direction:
     def park(self, out: list[bytes | memoryview], delay: float) -> bool:
         """Keep ``out`` for the next write in this direction, at most ``delay`` seconds; False
         when there is no event loop to bound the wait (then it goes out at once). One timer:
-        it fires when the earliest parked piece is due, and takes all of them."""
+        it fires when the earliest parked piece is due, and takes all of them.
+        ``BDP_ANSWERS_ONLY``: held BDP_ANSWER_DELAY, and no other write takes it along."""
         try:
             loop = self.running_loop()
         except RuntimeError:
             return False
+        if delay == BDP_ANSWERS_ONLY:
+            self.late.append(b"".join(out))
+            if self.late_timer is None:
+                self.late_timer = loop.call_later(BDP_ANSWER_DELAY, self.flush_late)
+            return True
         due = loop.time() + delay
         if self.timer is None or due < self.due:
             if self.timer is not None:
@@ -290,6 +308,19 @@ class _Direction:
         parked = self.unpark()
         if parked and self.transport is not None and not self.transport.is_closing():
             self._send(parked)
+
+    def flush_late(self) -> None:
+        late, self.late, self.late_timer = self.late, [], None
+        if late and self.transport is not None and not self.transport.is_closing():
+            self._send([*self.unpark(), *late])
+
+    def drop_parked(self) -> None:
+        """Forget every parked frame and stop both timers (the connection is going)."""
+        self.unpark()
+        self.late = []
+        if self.late_timer is not None:
+            self.late_timer.cancel()
+            self.late_timer = None
 
     def inject(self, data: bytes) -> None:
         """Write a frame of the relay's own, in order with the frames already relayed."""
@@ -445,8 +476,8 @@ class RelayConnection:
     def _drop_parked(self) -> None:
         """The connection is going: what is still parked (credit, the HEADERS of calls that will
         never be sent on) is of no use to a peer, and no timer may write after the close."""
-        self.c2u.unpark()
-        self.u2c.unpark()
+        self.c2u.drop_parked()
+        self.u2c.drop_parked()
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -494,12 +525,12 @@ class RelayConnection:
     def _may_wait(self, out: list[bytes | memoryview], to_backend: bool, held_calls: bool) -> float | None:
         """How long every frame of ``out`` may be parked (None: not at all): WINDOW_UPDATEs;
         towards the backend, the relay's answers to its PINGs, so that answering one costs no
-        write of its own and no wake-up of the backend (BDP_ANSWER_DELAY when they are all
+        write of its own and no wake-up of the backend (BDP_ANSWERS_ONLY when they are all
         answers to BDP pings); with ``held_calls``, header frames of claimed calls whose request
         the hooks still hold. Each piece of ``out`` is whole frames (the connection preface is
         not, and fails the check: it goes at once)."""
         streams, unpack = self.streams, frames.FRAME_HEADER.unpack_from
-        delay = BDP_ANSWER_DELAY
+        delay = BDP_ANSWERS_ONLY
         for piece in out:
             pos, size = 0, len(piece)
             while pos < size:

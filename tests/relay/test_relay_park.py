@@ -3,10 +3,12 @@
 A claimed call's HEADERS are of no use to the backend before the hooks release its DATA, and
 the relay's own flow-control credit (WINDOW_UPDATE) can wait for the next frame to its peer:
 both are parked instead of written, so a hooked call costs a write and a backend wake-up less.
-Parked bytes always go first (order never changes), at most ``PARK_DELAY`` later (a timer;
-``BDP_ANSWER_DELAY`` for answers to the backend's BDP pings), and nothing is parked when the
-read writes other frames to that peer anyway. A held request's last frame is credited to the
-client by the backend's own credit for the request sent on (test_relay_credit.py has the rest).
+Parked bytes always go first (order never changes), at most ``PARK_DELAY`` later (a timer),
+and nothing is parked when the read writes other frames to that peer anyway. Answers to the
+backend's BDP pings wait ``BDP_ANSWER_DELAY`` whatever else goes to the backend, so that grpc-go
+sends no further BDP ping (and WINDOW_UPDATE before it) after each request. A held request's
+last frame is credited to the client by the backend's own credit for the request sent on
+(test_relay_credit.py has the rest).
 """
 
 from __future__ import annotations
@@ -221,16 +223,36 @@ def ping(payload: bytes, ack: bool = False) -> bytes:
 
 
 @pytest.mark.usefixtures("long_park")
-async def test_the_answer_to_a_backend_ping_goes_with_the_next_frames_to_the_backend() -> None:
-    """grpc-go's BDP ping after each request: answering it costs the backend no wake-up of its own."""
+async def test_the_answer_to_a_backend_bdp_ping_lets_the_next_requests_pass_without_it() -> None:
+    """grpc-go sends a BDP ping on the first DATA it reads while none is out: answered with the
+    next request, every request would cost the backend a PING (and a WINDOW_UPDATE) more."""
     pair = Pair()
     window = frames.window_update(0, 100)
     pair.conn.upstream_data(window + ping(BDP_PING))
     assert pair.backend.writes == []
     assert pair.client.writes == [window]
-    call = pair.request(1)
-    pair.conn.client_data(call)
-    assert pair.backend.writes == [ping(BDP_PING, ack=True) + call]
+    first, second = pair.request(1), pair.request(3)
+    pair.conn.client_data(first)
+    pair.conn.client_data(second)
+    assert pair.backend.writes == [first, second]
+    assert pair.conn.c2u.late == [ping(BDP_PING, ack=True)]
+
+
+async def test_the_answer_to_a_bdp_ping_goes_when_its_time_is_up_with_what_is_parked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(connection, "PARK_DELAY", 3600.0)
+    monkeypatch.setattr(connection, "BDP_ANSWER_DELAY", 0.0)
+    pair = Pair(max_message_size=10)
+    pair.conn.client_data(pair.request(1, b"x" * 11))  # over the limit: ended by the relay
+    dropped = message(1, b"late")  # the backend's answer to it: dropped, its credit parked
+    pair.conn.upstream_data(dropped)
+    pair.conn.upstream_data(ping(BDP_PING))
+    assert pair.backend.writes[1:] == []
+    await turns()
+    credit = frames.window_update(0, len(dropped) - frames.HEADER_LEN)
+    assert pair.backend.writes[1:] == [credit + ping(BDP_PING, ack=True)]  # one write, order kept
+    assert pair.conn.c2u.late_timer is None and pair.conn.c2u.timer is None
 
 
 @pytest.mark.parametrize("payload", [BDP_PING, bytes(8)], ids=["bdp", "keepalive"])
@@ -247,18 +269,22 @@ async def test_the_timer_sends_a_parked_ping_answer_alone(monkeypatch: pytest.Mo
 
 async def test_only_the_answer_to_a_bdp_ping_waits_long(monkeypatch: pytest.MonkeyPatch) -> None:
     """It only feeds grpc-go's BDP estimate; any other answer (a keepalive's, whose sender closes
-    the connection when it comes too late) keeps PARK_DELAY, and then takes the BDP answer with it."""
+    the connection when it comes too late) keeps PARK_DELAY."""
     monkeypatch.setattr(connection, "PARK_DELAY", 0.0)
     monkeypatch.setattr(connection, "BDP_ANSWER_DELAY", 3600.0)
     pair = Pair()
     pair.conn.upstream_data(ping(BDP_PING))
     await turns()
     assert pair.backend.writes == []
-    assert pair.conn.c2u.timer is not None
-    pair.conn.upstream_data(ping(bytes(8)))  # one timer, moved to the earlier deadline
+    assert pair.conn.c2u.late_timer is not None
+    pair.conn.upstream_data(ping(bytes(8)))
     await turns()
-    assert pair.backend.writes == [ping(BDP_PING, ack=True) + ping(bytes(8), ack=True)]
+    assert pair.backend.writes == [ping(bytes(8), ack=True)]
     assert pair.conn.c2u.timer is None
+    pair.conn.close()  # the answer still held is of no use to a backend that is going
+    assert pair.conn.c2u.late == [] and pair.conn.c2u.late_timer is None
+    await turns()
+    assert pair.backend.writes == [ping(bytes(8), ack=True)]
 
 
 @pytest.mark.usefixtures("long_park")
