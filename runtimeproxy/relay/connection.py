@@ -80,18 +80,19 @@ MAX_HEADER_LIST = 1 << 20
 # client's credit with the response; a slow hook must not hold the backend's view of the call,
 # nor a peer's flow-control credit, longer than this.
 PARK_DELAY = 0.005
-# How long the answer to a backend's BDP ping waits, whatever else goes to the backend meanwhile.
-# grpc-go sends a BDP ping (with a connection WINDOW_UPDATE before it) on the first DATA it
-# reads while none is out, and none while one is out (http2_server.go handleData,
-# bdp_estimator.go add): answered with the next request, every request cost the backend that
-# write, and the relay a wake-up and a write to the client for the WINDOW_UPDATE. Held this
-# long, a busy connection gets one BDP ping a second. Only grpc-go's BDP estimator reads the
-# answer (calculate() ignores any other payload, takes the time since the ping as an RTT sample
-# and can only grow the receive window when the bytes read meanwhile are many): a late answer
-# at worst keeps that window from growing, which small CRI requests never need; the backend's
-# ordinary credit (a WINDOW_UPDATE once a quarter of its window is read) still flows. Other
-# PINGs (keepalive, whose ACK grpc-go's server awaits Timeout = 20 s by default before
-# closing; the GOAWAY ping of a graceful stop) keep PARK_DELAY.
+# How long the answer to a BDP ping waits, whatever else goes to its sender meanwhile.
+# grpc-go, server (containerd) and client (kubelet) alike, sends a BDP ping, with a connection
+# WINDOW_UPDATE before it, on the first DATA it reads while none of its BDP pings is unanswered
+# (http2_server.go / http2_client.go handleData, bdp_estimator.go add). Answered at once, every
+# request cost containerd that write and the relay a wake-up and a write to the client, and
+# every response the same on the other side. Held this long, a busy connection sends one a
+# second. Only the BDP estimator reads the answer (calculate() ignores any other payload and
+# takes the time since the ping as an RTT sample): the window still grows when many bytes
+# arrive within the second (a large list), not for small calls, which never need it; ordinary
+# credit (a WINDOW_UPDATE once a quarter of a window is read) flows as before. Other PINGs keep
+# their pace: the backend's (keepalive, whose ACK grpc-go's server awaits Timeout = 20 s by
+# default; the GOAWAY ping of a graceful stop) are answered within PARK_DELAY, a client's at
+# once (a client may time them).
 BDP_ANSWER_DELAY = 1.0
 # What _may_wait answers for a write of answers to BDP pings alone: held BDP_ANSWER_DELAY,
 # not taken along by the next write (see _Direction.park).
@@ -524,11 +525,11 @@ class RelayConnection:
 
     def _may_wait(self, out: list[bytes | memoryview], to_backend: bool, held_calls: bool) -> float | None:
         """How long every frame of ``out`` may be parked (None: not at all): WINDOW_UPDATEs;
-        towards the backend, the relay's answers to its PINGs, so that answering one costs no
-        write of its own and no wake-up of the backend (BDP_ANSWERS_ONLY when they are all
-        answers to BDP pings); with ``held_calls``, header frames of claimed calls whose request
-        the hooks still hold. Each piece of ``out`` is whole frames (the connection preface is
-        not, and fails the check: it goes at once)."""
+        the relay's answers to grpc-go's BDP pings, either way (BDP_ANSWERS_ONLY when there is
+        nothing else); towards the backend, its answers to other PINGs, so that answering one
+        costs no write of its own and no wake-up of the backend; with ``held_calls``, header
+        frames of claimed calls whose request the hooks still hold. Each piece of ``out`` is
+        whole frames (the connection preface is not, and fails the check: it goes at once)."""
         streams, unpack = self.streams, frames.FRAME_HEADER.unpack_from
         delay = BDP_ANSWERS_ONLY
         for piece in out:
@@ -537,9 +538,11 @@ class RelayConnection:
                 if size - pos < frames.HEADER_LEN:
                     return None
                 high, low, ftype, flags, sid = unpack(piece, pos)
-                if to_backend and _is_ping_answer(high, low, ftype, flags, sid):
+                if _is_ping_answer(high, low, ftype, flags, sid):
                     start = pos + frames.HEADER_LEN
                     if piece[start : start + 8] != _BDP_PING:
+                        if not to_backend:  # a client's other PINGs are answered at once
+                            return None
                         delay = PARK_DELAY
                 elif ftype == frames.WINDOW_UPDATE:
                     delay = PARK_DELAY

@@ -288,11 +288,17 @@ async def test_only_the_answer_to_a_bdp_ping_waits_long(monkeypatch: pytest.Monk
 
 
 @pytest.mark.usefixtures("long_park")
-async def test_the_answer_to_a_client_ping_is_never_parked() -> None:
-    """The client's BDP estimate sizes the windows for large responses: it gets its answer at once."""
+async def test_the_answer_to_a_client_ping_goes_at_once_unless_it_is_a_bdp_ping() -> None:
+    """kubelet (grpc-go) sends a BDP ping after each response while none is unanswered: held,
+    the next responses cost it neither that ping nor the WINDOW_UPDATE before it. Any other
+    PING a client may time: it is answered at once, and takes the held answer along."""
     pair = Pair()
-    pair.conn.client_data(ping(b"client-1"))
-    assert pair.client.writes == [ping(b"client-1", ack=True)]
+    pair.conn.client_data(ping(BDP_PING))
+    assert pair.client.writes == []
+    assert pair.conn.u2c.late == [ping(BDP_PING, ack=True)]
+    pair.conn.client_data(ping(b"client-1") + ping(BDP_PING))
+    assert pair.client.writes == [ping(b"client-1", ack=True) + ping(BDP_PING, ack=True)]
+    assert pair.conn.u2c.late == [ping(BDP_PING, ack=True)]  # the first one's, still held
 
 
 @pytest.mark.usefixtures("long_park")
