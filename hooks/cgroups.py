@@ -266,6 +266,31 @@ def _parent_path(parent: str) -> str:
     return "/".join(segments)
 
 
+def _in_dir(directory: str, name: str) -> str:
+    """``os.path.join(directory, name)`` for a checked relative ``name`` (a FILES name, or one
+    _check_file accepts: no separator, so plain concatenation is the join); CgroupPathError
+    for any other name. Built for each file a hook call reads or writes: a FILES name is not
+    matched against the pattern again."""
+    if name not in _VALUE_FILES:
+        _check_file(name)
+    return _joined(directory, name)
+
+
+def _joined(directory: str, relative: str) -> str:
+    """``os.path.join(directory, relative)`` for a ``relative`` path with no leading, trailing or
+    doubled separator (a checked file name, or what parent_path gives)."""
+    return directory + relative if directory.endswith("/") else directory + "/" + relative
+
+
+def _split(path: str) -> tuple[str, str]:
+    """``os.path.split(path)``, with string operations for the absolute paths CgroupFS builds (no
+    doubled separator): a new pod's paths are resolved part by part in each hook call."""
+    if not path.startswith("/") or "//" in path:
+        return os.path.split(path)
+    cut = path.rfind("/")
+    return path[:cut] or "/", path[cut + 1 :]
+
+
 def _check_container_id(container_id: str) -> str:
     if not isinstance(container_id, str) or not _CONTAINER_ID.fullmatch(container_id):
         raise CgroupPathError(f"invalid container id {container_id!r} (letters, digits, '_', '.', '-'; no '/')")
@@ -531,9 +556,22 @@ class CgroupFS:
         return Path(self._pod_path_text(controller, parent, container_id, file))
 
     def _pod_path_text(self, controller: str, parent: str, container_id: str | None, file: str | None) -> str:
-        """:meth:`pod_path` as a string."""
-        key = ("pod", controller, parent, file, container_id)
-        return self._remembered(key, self._pod_path, controller, parent, file, container_id)
+        """:meth:`pod_path` as a string. A file's is its checked directory's and its checked name:
+        _pod_path checks a file's path by its directory alone, so each new file of a pod costs a
+        join, not a path build and a resolution lookup."""
+        key = ("pod", controller, parent, None, container_id)
+        directory = self._remembered(key, self._pod_dir, controller, parent, None, container_id)
+        return directory if file is None else _in_dir(directory, file)
+
+    def _pod_dir(self, controller: str, parent: str, file: str | None, container_id: str | None) -> str:
+        """:meth:`_pod_path` of a directory, remembered as :meth:`path`'s too: a pod path is a path
+        inside the root (its resolution is below the resolved hierarchy root), so the reads that
+        follow a write check (exists, read_if_exists) need not build and check it again."""
+        directory = self._pod_path(controller, parent, file, container_id)
+        key = ("path", controller, parent, None, container_id)
+        if container_id is None or (controller, parent, container_id) in self._container_dirs:
+            self._paths.setdefault(key, directory)  # bounded with them: _remembered clears both kinds
+        return directory
 
     def _pod_path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> str:
         self.pod_roots.check(parent)
@@ -556,10 +594,10 @@ class CgroupFS:
         _check_controller(controller)
         base = self._hierarchy_dir(controller)
         relative = parent_path(parent)
-        directory = os.path.join(base, relative) if relative else base
+        directory = _joined(base, relative) if relative else base
         if container_id is not None:
             directory = self._container_dir(controller, parent, directory, container_id)
-        return os.path.join(directory, _check_file(file)) if file is not None else directory
+        return _in_dir(directory, file) if file is not None else directory
 
     def _container_dir(self, controller: str, parent: str, pod_dir: str, container_id: str) -> str:
         """The container's directory under ``pod_dir``: the first of its runtime namings that
@@ -652,13 +690,13 @@ class CgroupFS:
         if real is None:
             if len(self._resolved) >= _RESOLVED_MAX:
                 self._resolved.clear()
-            parent, name = os.path.split(key)
-            plain = name not in ("", ".", "..") and os.path.isabs(key)
+            parent, name = _split(key)
+            plain = name not in ("", ".", "..") and key.startswith("/")
             mode = _lstat_mode(key) if plain else None
             if not plain or (mode is not None and stat.S_ISLNK(mode)):
                 real = os.path.realpath(key)
             else:
-                real = os.path.join(self._realpath(parent), name)
+                real = _joined(self._realpath(parent), name)
             self._resolved[key] = real
             self._seen = (key, mode) if plain else None
         return real
@@ -691,9 +729,10 @@ class CgroupFS:
 
     def has_file(self, controller: str, file: str, parent: str, container_id: str | None = None) -> bool:
         """Whether the cgroup has ``file`` (kernel features show up as files). A link is no cgroup file."""
-        path = self._file_text(controller, parent, container_id, file)
-        if (controller, file) in self._absent:
+        directory = self._path_text(controller, parent, container_id, None)  # checked even when absent
+        if (controller, file) in self._absent:  # a FILES name: checked when it was noted
             return False
+        path = _in_dir(directory, file)
         try:
             return stat.S_ISREG(os.lstat(path).st_mode)
         except OSError as exc:  # missing (or unreadable directory): no such file, as os.path.isfile says
@@ -730,7 +769,7 @@ class CgroupFS:
         """``file``'s path for has_file and read: its cgroup's checked directory (remembered) and the
         checked name. The file itself is not resolved (an lstat per new file saved): neither follows
         it (lstat, O_NOFOLLOW), so a link there cannot lead out of the root (cgroupfs has none)."""
-        return os.path.join(self._path_text(controller, parent, container_id, None), _check_file(file))
+        return _in_dir(self._path_text(controller, parent, container_id, None), file)
 
     # -- raw access --
 
@@ -744,9 +783,10 @@ class CgroupFS:
         """:meth:`read`, or None where :meth:`has_file` says False (no such file or cgroup, a link,
         a directory): one open answers both, saving has_file's lstat per file. Other errors
         (EACCES, EIO...) are raised as read raises them."""
-        path = self._file_text(controller, parent, container_id, file)
-        if (controller, file) in self._absent:
+        directory = self._path_text(controller, parent, container_id, None)  # checked even when absent
+        if (controller, file) in self._absent:  # a FILES name: checked when it was noted
             return None
+        path = _in_dir(directory, file)
         try:
             return _text(read_bytes(path, follow=False, one_record=file in _VALUE_FILES))
         except OSError as exc:
@@ -761,10 +801,11 @@ class CgroupFS:
         """Write ``value`` to ``file`` with one write(2). The file must exist (cgroup files are never
         created), in a pod's or container's cgroup (:meth:`pod_path`). Then the listener is told."""
         data = _format(value)
-        path = self._pod_path_text(controller, parent, container_id, file)
+        directory = self._pod_path_text(controller, parent, container_id, None)
+        path = _in_dir(directory, file)  # as _pod_path_text(..., file) builds it
         _write_file(path, data)
         # The directory below the hierarchy root, "." for the root (pod_path's are below it).
-        cgroup = os.path.dirname(path)[len(self._hierarchy_dir(controller)) + 1 :] or "."
+        cgroup = directory[len(self._hierarchy_dir(controller)) + 1 :] or "."
         # One info line per write that reached the node: the only place every plugin's write passes.
         text = data.decode("utf-8", "backslashreplace").strip()
         log.info("cgroup written", file=path, value=text, cgroup=cgroup)
@@ -879,6 +920,26 @@ class CgroupFS:
         text = self.read_if_exists("cpu", self.file_name("cpu.quota"), parent, container_id)
         return None if text is None else self._cpu_quota(text, parent, container_id)
 
+    def cpu_quota_first_if_present(self, parent: str, container_id: str | None = None) -> tuple[int, int | None] | None:
+        """:meth:`cpu_quota_if_present` without reading v1's period file (None in its place; v2's
+        cpu.max holds both): for a caller that needs the period only at times (:meth:`cpu_period`)."""
+        text = self.read_if_exists("cpu", self.file_name("cpu.quota"), parent, container_id)
+        if text is None:
+            return None
+        if self.version is CgroupVersion.V2:
+            return self._cpu_quota(text, parent, container_id)
+        quota = int(text)
+        return (quota if quota > 0 else -1), None
+
+    def cpu_period(self, parent: str, container_id: str | None = None) -> int:
+        """The CFS period in µs."""
+        if self.version is CgroupVersion.V2:
+            return self.cpu_quota(parent, container_id)[1]
+        return self._period(parent, container_id)
+
+    def _period(self, parent: str, container_id: str | None) -> int:
+        return int(self.read("cpu", "cpu.cfs_period_us", parent, container_id))
+
     def _cpu_quota(self, quota_text: str, parent: str, container_id: str | None) -> tuple[int, int]:
         """(quota, period) from the quota file's content (v1: the period file is read too)."""
         if self.version is CgroupVersion.V2:
@@ -887,8 +948,7 @@ class CgroupFS:
                 raise CgroupError(f"unexpected cpu.max content {' '.join(text)!r}")
             return (-1 if text[0] == "max" else int(text[0])), int(text[1])
         quota = int(quota_text)
-        period = int(self.read("cpu", "cpu.cfs_period_us", parent, container_id))
-        return (quota if quota > 0 else -1), period
+        return (quota if quota > 0 else -1), self._period(parent, container_id)
 
     def set_cpu_shares(self, parent: str, shares: int, container_id: str | None = None) -> None:
         """cpu.shares on v1; on v2 the equivalent cpu.weight (shares_to_weight)."""

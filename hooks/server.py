@@ -182,9 +182,13 @@ def container_from_request(request: Any) -> ContainerInfo:
 
 def pod_response(response: HookResponse) -> Any:
     """A merged HookResponse as PodSandboxHookResponse."""
-    message = hook_pb.PodSandboxHookResponse(
-        labels=response.labels, annotations=response.annotations, cgroup_parent=response.cgroup_parent
-    )
+    message = hook_pb.PodSandboxHookResponse(cgroup_parent=response.cgroup_parent)
+    # Maps filled only when the plugins set entries: a protobuf map's update is Python code
+    # (MutableMapping.update), run even for an empty dict, and most hook calls set none.
+    if response.labels:
+        message.labels.update(response.labels)
+    if response.annotations:
+        message.annotations.update(response.annotations)
     if not response.resources.is_empty():
         message.resources.CopyFrom(resources_to_proto(response.resources))
     return message
@@ -197,9 +201,9 @@ def container_response(response: HookResponse) -> Any:
     proxy, and Koordinator's ``container_envs`` map, left empty when a value is not UTF-8
     (a proto string cannot hold it).
     """
-    message = hook_pb.ContainerResourceHookResponse(
-        container_annotations=response.annotations, pod_cgroup_parent=response.cgroup_parent
-    )
+    message = hook_pb.ContainerResourceHookResponse(pod_cgroup_parent=response.cgroup_parent)
+    if response.annotations:  # as in pod_response
+        message.container_annotations.update(response.annotations)
     if not response.resources.is_empty():
         message.container_resources.CopyFrom(resources_to_proto(response.resources))
     encoded = response.env.encoded()

@@ -452,6 +452,11 @@ def plan_container(
 # --- applying -----------------------------------------------------------------------------------
 
 
+#: The period of a ``quota_now`` whose period was not read (no period is 0): apply_pod_plan looks at
+#: the period only for a plan that sets a quota, so _plan_and_apply reads it only then.
+_PERIOD_UNREAD: Final = 0
+
+
 def _to_int(text: str) -> int | None:
     try:
         return int(text)
@@ -523,9 +528,9 @@ def apply_pod_plan(
 ) -> list[str]:
     """Bring the pod cgroup to ``plan``: read each value, write only those that differ, skip
     files the kernel lacks. The settings written (quota, burst, idle, group_identity).
-    ``quota_now``: the (quota, period) the caller has just read (None: no quota file), to save
-    reading it again; "unread": read it here. ``exists``: whether the caller has just seen the
-    pod cgroup (None: look here)."""
+    ``quota_now``: the (quota, period) the caller has just read (None: no quota file; the period
+    may be _PERIOD_UNREAD for a plan that sets no quota), to save reading it again; "unread": read
+    it here. ``exists``: whether the caller has just seen the pod cgroup (None: look here)."""
     parent = plan.cgroup_parent
     if not (fs.exists(parent) if exists is None else exists):
         log.debug("pod cgroup does not exist; nothing applied", cgroup_parent=parent)
@@ -634,14 +639,29 @@ def _plan_and_apply(
 ) -> tuple[CpuPodPlan, list[str]]:
     """Plan the pod cgroup from the quota it has now and apply the plan, reading the quota once
     for both (the plan goes without it when it cannot be read; applying then reads it again
-    and raises why). ``exists``: as apply_pod_plan's."""
-    quota_now: tuple[int, int] | Literal["unread"] | None
+    and raises why). v1's period, a file of its own, is read only for a plan that sets a quota:
+    nothing else needs it (a pod start saves an open, a read and a close). ``exists``: as
+    apply_pod_plan's."""
+    parent = pod.cgroup_parent
+    first: tuple[int, int | None] | Literal["unread"] | None
     try:
-        quota_now = _quota_and_period(fs, pod.cgroup_parent)
+        first = fs.cpu_quota_first_if_present(parent)
     except (OSError, CgroupError, ValueError):
-        quota_now = "unread"
-    current = quota_now[0] if isinstance(quota_now, tuple) else None
+        first = "unread"
+    current = first[0] if isinstance(first, tuple) else None
     plan = plan_pod(pod, qos, settings, section, current_quota=current)
+    quota_now: tuple[int, int] | Literal["unread"] | None
+    if not isinstance(first, tuple):
+        quota_now = first
+    elif first[1] is not None:
+        quota_now = (first[0], first[1])
+    elif plan.cfs_quota is None:  # the period is not looked at: the current quota is what counts
+        quota_now = (first[0], _PERIOD_UNREAD)
+    else:
+        try:
+            quota_now = (first[0], fs.cpu_period(parent))
+        except (OSError, CgroupError, ValueError):
+            quota_now = "unread"
     return plan, apply_pod_plan(fs, plan, log, quota_now=quota_now, exists=exists)
 
 
