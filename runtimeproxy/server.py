@@ -49,7 +49,7 @@ class CallLog:
     def __call__(self, method: MethodInfo, code: int, message: str, seconds: float, hooks_logged: bool) -> None:
         if self.metrics is not None:
             self.metrics.record(method.path, code, seconds)
-        if is_lifecycle(method) and not hooks_logged:
+        if not hooks_logged and is_lifecycle(method):
             log.info(
                 "cri call",
                 method=method.name,

@@ -34,6 +34,8 @@ RUNTIME_SERVICE = "runtime.v1.RuntimeService"
 DEFAULT_SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 # Calls that change the store but have no hook point of their own.
 STORE_ONLY = {"RemoveContainer": CallHooks(None, None)}
+# Every intercepted method -> its hook points (looked up twice per call: one dict, no function).
+_CALL_HOOKS: dict[str, CallHooks] = {**HOOKS_BY_METHOD, **STORE_ONLY}
 # Calls that take objects off the node.
 TEARDOWN = frozenset({"StopPodSandbox", "RemovePodSandbox", "StopContainer", "RemoveContainer"})
 POD_POINTS = frozenset(point for point in HookPoint if point.kind == HookKind.POD)
@@ -43,11 +45,11 @@ POD_POINTS = frozenset(point for point in HookPoint if point.kind == HookKind.PO
 class _CallState:
     frame: CallFrame
     keys: tuple[str, ...]
+    started: float  # perf_counter() as the hooks took the call (after its keys)
     skipped: bool = False
     # Set when the hook layer itself failed on this call (logged on the call's line).
     layer_error: str = ""
     results: list[HookOutcome] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
 
 
 class HookInterceptor:
@@ -73,7 +75,7 @@ class HookInterceptor:
     # -- the relay's interface ---------------------------------------------------------------
 
     def intercepts(self, method: MethodInfo) -> bool:
-        return method.service == RUNTIME_SERVICE and (method.name in HOOKS_BY_METHOD or method.name in STORE_ONLY)
+        return method.service == RUNTIME_SERVICE and method.name in _CALL_HOOKS
 
     async def before(self, call: CallContext, request: bytes) -> bytes:
         """Run the pre-hooks; fail closed under a Fail policy, whatever goes wrong.
@@ -104,11 +106,15 @@ class HookInterceptor:
     async def _pre_hooks(
         self, call: CallContext, name: str, message: Any, request: bytes, keys: tuple[str, ...]
     ) -> bytes:
-        state = _CallState(CallFrame(name, message), keys)
-        self._calls[id(call)] = state
-        state.frame = await self._frame(name, message)
-        state.skipped = self._skipped(state.frame)
-        point = _hooks(name).pre
+        started = time.perf_counter()
+        try:
+            frame = await self._frame(name, message)
+        except Exception:
+            # A bare frame, so that the call is still recorded and logged (_failed_inside).
+            self._calls[id(call)] = _CallState(CallFrame(name, message), keys, started)
+            raise
+        state = self._calls[id(call)] = _CallState(frame, keys, started, self._skipped(frame))
+        point = _CALL_HOOKS[name].pre
         if point is not None and not state.skipped and self.dispatcher.subscribed(point):
             state.results += await self._run(point, state.frame, call.deadline)
         if state.frame.mutable and state.frame.changes:
@@ -154,7 +160,7 @@ class HookInterceptor:
             return None
         if isinstance(exc, UnreadableObjectError) and name in TEARDOWN:
             return None
-        hooks = _hooks(name)
+        hooks = _CALL_HOOKS[name]
         return next((p for p in (hooks.pre, hooks.post) if p is not None and self.dispatcher.fails_closed(p)), None)
 
     def _end_or_forget(self, call: CallContext, keys: tuple[str, ...], code: int, message: str) -> None:
@@ -196,7 +202,7 @@ class HookInterceptor:
             frame.pod.sandbox_id = reply.pod_sandbox_id
             frame.hook_request = None
         self._record(method.name, frame)
-        point = _hooks(method.name).post
+        point = _CALL_HOOKS[method.name].post
         if point is not None and not state.skipped and self.dispatcher.subscribed(point):
             state.results += await self._run(point, frame, None)
 
@@ -317,10 +323,6 @@ def _decode(call: CallContext, request: bytes) -> Any:
         reason = f"request is not a valid {call.method.request_type.DESCRIPTOR.full_name}: {exc}"
         log.warning("request refused", method=call.method.name, reason=reason)
         raise RejectCall(grpc_wire.INVALID_ARGUMENT, reason) from None
-
-
-def _hooks(name: str) -> CallHooks:
-    return HOOKS_BY_METHOD.get(name) or STORE_ONLY[name]
 
 
 def _keys(name: str, request: Any) -> list[str]:
