@@ -34,13 +34,14 @@ def noop_handlers(calls: Counter[str], probes: Counter[str]) -> dict[str, UnaryH
     """":path" to a handler that decodes the request, counts the call and answers an empty response."""
 
     def handler(point: str, request_type: Any, response_type: Any) -> UnaryHandler:
-        empty = response_type().SerializeToString()
+        empty: bytes = response_type().SerializeToString()
 
         async def rpc(raw: bytes, info: CallInfo) -> bytes:
             request_type.FromString(raw)
-            counter = probes if any(key == PROBE_KEY for key, _ in info.metadata) else calls
+            probe = info.metadata and any(key == PROBE_KEY for key, _ in info.metadata)  # the proxy sends none
+            counter = probes if probe else calls
             counter[point] += 1
-            return bytes(empty)
+            return empty
 
         return rpc
 

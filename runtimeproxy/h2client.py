@@ -76,8 +76,6 @@ _HTTP_CODES: Final[dict[str, StatusCode]] = {
     "503": StatusCode.UNAVAILABLE,
     "504": StatusCode.UNAVAILABLE,
 }
-# The fields of GRPC_OK_TRAILERS, for the trailers of a call that went well.
-_OK_FIELDS: Final = dict(GRPC_OK_TRAILERS)
 
 
 def timeout_header(seconds: float) -> str:
@@ -124,12 +122,13 @@ async def _by_deadline(step: Awaitable[T], deadline: float, timeout: float) -> T
 class _Call(PeerStream):
     """One stream: what arrived for it, and the future its caller waits on."""
 
-    __slots__ = ("body", "done", "headers", "unacked")
+    __slots__ = ("body", "done", "encoding", "headers", "unacked")
 
     def __init__(self, send_window: int, done: asyncio.Future[bytes]) -> None:
         self.send_window = send_window  # PeerStream's, set here: a call less per call
         self.done = done
         self.headers: list[tuple[str, str]] | None = None  # response headers, once received
+        self.encoding = "identity"  # the response headers' grpc-encoding
         self.body = bytearray()
         self.unacked = 0  # bytes received on the stream and not yet credited back
 
@@ -194,12 +193,6 @@ class _Connection(H2Peer[_Call]):
         head = header_frames(stream_id, headers, False, self.peer_max_frame)
         await self.send(stream_id, call, head, message, b"")
 
-    def send_request_now(self, stream_id: int, call: _Call, headers: bytes, message: bytes) -> bytes | None:
-        """Send the request when it fits the windows at once (None); else the HEADERS frames to
-        send with it once there is room (`send`), nothing sent yet."""
-        head = header_frames(stream_id, headers, False, self.peer_max_frame)
-        return None if self.send_now(stream_id, call, head, message, b"") else head
-
     def reset(self, stream_id: int) -> None:
         """Forget a stream the caller gave up on, and tell the peer (RST_STREAM CANCEL)."""
         if self._pop(stream_id) is not None:
@@ -237,7 +230,7 @@ class _Connection(H2Peer[_Call]):
         # at half the window, as for the connection, spares a write here and a wake-up in the
         # server per call.
         call.unacked += flow_size
-        if call.unacked >= self.window // 2:
+        if call.unacked >= self.credit_at:
             self.write(frames.window_update(stream_id, call.unacked))
             call.unacked = 0
 
@@ -250,6 +243,7 @@ class _Connection(H2Peer[_Call]):
             if headers == GRPC_RESPONSE_HEADERS and not end_stream:
                 return  # h2server's: nothing to check
             fields = dict(headers)
+            call.encoding = fields.get("grpc-encoding", "identity")
             http_status = fields.get(":status", "")
             if http_status != "200" and "grpc-status" not in fields:
                 code = _HTTP_CODES.get(http_status, StatusCode.UNKNOWN)
@@ -264,8 +258,11 @@ class _Connection(H2Peer[_Call]):
         elif not end_stream:
             self._end(stream_id, StatusCode.INTERNAL, "a second header block without END_STREAM")
             return
+        elif headers == GRPC_OK_TRAILERS:  # h2server's: the status is OK
+            self._succeed(stream_id, call)
+            return
         else:
-            fields = _OK_FIELDS if headers == GRPC_OK_TRAILERS else dict(headers)
+            fields = dict(headers)
         self._trailers(stream_id, call, fields)
 
     def _trailers(self, stream_id: int, call: _Call, fields: dict[str, str]) -> None:
@@ -279,15 +276,18 @@ class _Connection(H2Peer[_Call]):
             raw = fields.get("grpc-message", "").encode("latin-1").decode("utf-8", "replace")
             self._end(stream_id, code, grpc_wire.decode_grpc_message(raw), peer_done=True)
             return
+        self._succeed(stream_id, call)
+
+    def _succeed(self, stream_id: int, call: _Call) -> None:
+        """The call ended with status OK: its answer is the one message of its body."""
         try:
-            message = grpc_wire.single_message(
-                bytes(call.body), fields.get("grpc-encoding", "identity"), self.limit, "response"
-            )
+            message = grpc_wire.single_message(bytes(call.body), call.encoding, self.limit, "response")
         except grpc_wire.BadRequest as exc:
             self._end(stream_id, StatusCode.INTERNAL, str(exc), peer_done=True)
             return
         self._pop(stream_id)
-        call.finish(message)
+        if not call.done.done():  # call.finish, inlined: the deadline's timer may have ended it
+            call.done.set_result(message)
 
     def _end(self, stream_id: int, code: int, details: str, peer_done: bool = False) -> None:
         """End a call with an error; the stream is reset unless the peer already ended it."""
@@ -348,39 +348,35 @@ class H2Channel:
                 StatusCode.RESOURCE_EXHAUSTED,
                 f"request of {len(request)} bytes over the limit of {self.max_message_size} bytes",
             )
-        message = grpc_wire.encode_message(request)
         connection = self._connection
         loop = connection.loop if connection is not None and connection.usable else asyncio.get_running_loop()
         deadline = loop.time() + timeout
         retries = 0
-        while True:
+        while True:  # each attempt here, not in a coroutine of its own: a hook call's path is short
+            if connection is None or not connection.has_slot():
+                connection = await _by_deadline(self._slot(), deadline, timeout)
+            headers = _request_headers(method, timeout_header(deadline - loop.time()))
+            stream_id, call = connection.open_stream()
+            timer = loop.call_at(deadline, call.expire, timeout)
             try:
-                return await self._attempt(method, message, deadline, timeout)
+                head = header_frames(stream_id, headers, False, connection.peer_max_frame)
+                if not connection.send_message_now(stream_id, call, head, request, b""):
+                    sending = connection.send(stream_id, call, head, grpc_wire.encode_message(request), b"")
+                    await _by_deadline(sending, deadline, timeout)  # waits for the server's windows
+                return await call.done
             except _Unprocessed:
                 # The server never saw it (REFUSED_STREAM, or past a GOAWAY's last stream):
                 # safe to send again, as gRPC's transparent retry does; a few times at most.
                 retries += 1
                 if retries > TRANSPARENT_RETRIES:
                     raise
-
-    async def _attempt(self, method: str, message: bytes, deadline: float, timeout: float) -> bytes:
-        connection = self._connection
-        if connection is None or not connection.has_slot():
-            connection = await _by_deadline(self._slot(), deadline, timeout)
-        loop = connection.loop
-        headers = _request_headers(method, timeout_header(deadline - loop.time()))
-        stream_id, call = connection.open_stream()
-        timer = loop.call_at(deadline, call.expire, timeout)
-        try:
-            head = connection.send_request_now(stream_id, call, headers, message)
-            if head is not None:  # waits for the server's windows
-                await _by_deadline(connection.send(stream_id, call, head, message, b""), deadline, timeout)
-            return await call.done
-        finally:  # a stream still open (deadline, cancellation) is reset: the server stops too
-            timer.cancel()
-            connection.reset(stream_id)
-            if connection.retired and not connection.streams:
-                connection.close()
+            finally:  # a stream still open (deadline, cancellation) is reset: the server stops too
+                timer.cancel()
+                if stream_id in connection.streams:
+                    connection.reset(stream_id)
+                if connection.retired and not connection.streams:
+                    connection.close()
+            connection = self._connection
 
     async def _slot(self) -> _Connection:
         """A connection (a new one if need be) with a stream free for a call."""

@@ -31,6 +31,7 @@ after an idle gap, with cold CPU caches, so every Python call and object on its 
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Mapping
 from typing import Final, Generic, TypeVar, cast
 
@@ -80,6 +81,20 @@ GRPC_RESPONSE_HEADERS: Final = [(":status", "200"), ("content-type", "applicatio
 GRPC_OK_TRAILERS: Final = [("grpc-status", "0")]
 # HEADERS flags that send a frame the general way: a block continued, padding, priority.
 _PLAIN_HEADERS_MASK: Final = frames.FLAG_END_HEADERS | frames.FLAG_PADDED | frames.FLAG_PRIORITY
+# A DATA frame's header and the gRPC message prefix (flag, length) that starts its payload.
+_DATA_MESSAGE: Final = struct.Struct(frames.FRAME_HEADER.format + grpc_wire.MESSAGE_PREFIX.format.lstrip(">"))
+# The frames module's names that a call's frames read, as this module's (a bytecode less each).
+_unpack_frame_header: Final = frames.FRAME_HEADER.unpack_from
+_pack_data_message: Final = _DATA_MESSAGE.pack
+_HEADER_LEN: Final = frames.HEADER_LEN
+_MAX_FRAME: Final = frames.DEFAULT_MAX_FRAME
+_MAX_STREAM_ID: Final = frames.MAX_STREAM_ID
+_DATA: Final = frames.DATA
+_HEADERS: Final = frames.HEADERS
+_PADDED: Final = frames.FLAG_PADDED
+_END_STREAM: Final = frames.FLAG_END_STREAM
+_END_HEADERS: Final = frames.FLAG_END_HEADERS
+_PREFIX_LEN: Final = grpc_wire.PREFIX_LEN
 
 
 class RpcError(Exception):
@@ -243,6 +258,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         self.progress = asyncio.Event()  # set when a window opens or a stream ends
         self._waiting = 0  # coroutines in wait_progress: a stream's end wakes them only
         self.unacked = 0  # connection-level bytes received and not yet credited back
+        self.credit_at = self.window // 2  # unacked bytes that are credited back (a WINDOW_UPDATE)
         self._server = server
         self._settings_sent = {
             SETTINGS_ENABLE_PUSH: 0,
@@ -335,16 +351,17 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         if self.transport is not None and self.lost is None:
             self.transport.write(data)
 
-    def send_now(self, stream_id: int, stream: S, head: bytes, body: bytes, tail: bytes) -> bool:
-        """`send` when the non-empty ``body`` fits in one DATA frame within the windows (the
-        usual case): written at once, in one write, and True; else nothing is written and False."""
-        take = len(body)
-        if 0 < take <= self.send_window and take <= stream.send_window and take <= self.peer_max_frame:
+    def send_message_now(self, stream_id: int, stream: S, head: bytes, message: bytes, tail: bytes) -> bool:
+        """`send` of one uncompressed gRPC ``message`` (its 5-byte prefix packed here, with the
+        DATA frame's header) when it fits one DATA frame within the windows (the usual case):
+        written at once, in one write, and True; else nothing is written and False."""
+        size = len(message)
+        take = size + _PREFIX_LEN
+        if take <= self.send_window and take <= stream.send_window and take <= self.peer_max_frame:
             self.send_window -= take
             stream.send_window -= take
-            flags = 0 if tail else frames.FLAG_END_STREAM  # frames.frame, inlined: a call less
-            data = frames.FRAME_HEADER.pack(take >> 8, take & 0xFF, frames.DATA, flags, stream_id)
-            self.write(head + data + body + tail)
+            data = _pack_data_message(take >> 8, take & 0xFF, _DATA, 0 if tail else _END_STREAM, stream_id, 0, size)
+            self.write(head + data + message + tail)
             return True
         return False
 
@@ -352,9 +369,8 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         """Write ``head`` (frames), the non-empty ``body`` as DATA frames within the peer's
         windows and maximum frame size, then ``tail`` (frames). The last DATA frame carries
         END_STREAM when there is no tail. What fits at once goes out in one write. False when
-        the stream or the connection ended while waiting for a window."""
-        if self.send_now(stream_id, stream, head, body, tail):
-            return True
+        the stream or the connection ended while waiting for a window. (A call's usual message
+        goes by `send_message_now`.)"""
         out = bytearray(head)
         view = memoryview(body)
         while True:
@@ -402,30 +418,37 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         return len(frames.PREFACE)
 
     def _parse(self, data: bytes, offset: int) -> int:
-        """Handle the whole frames in ``data`` from ``offset``; the offset after the last one."""
+        """Handle the whole frames in ``data`` from ``offset``; the offset after the last one.
+        (The frames module's constants are read through this module's own names: fewer
+        bytecodes a frame.)"""
         size = len(data)
-        while size - offset >= frames.HEADER_LEN:
-            high, low, ftype, flags, stream_id = frames.FRAME_HEADER.unpack_from(data, offset)
+        while offset + _HEADER_LEN <= size:
+            high, low, ftype, flags, stream_id = _unpack_frame_header(data, offset)
             length = high << 8 | low
-            if length > frames.DEFAULT_MAX_FRAME:  # we never raise SETTINGS_MAX_FRAME_SIZE
+            if length > _MAX_FRAME:  # we never raise SETTINGS_MAX_FRAME_SIZE
                 raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes over the 16384 allowed")
-            end = offset + frames.HEADER_LEN + length
+            start = offset + _HEADER_LEN
+            end = start + length
             if end > size:
                 break
-            payload = data[offset + frames.HEADER_LEN : end]
             offset = end
-            stream_id &= frames.MAX_STREAM_ID
+            payload = data[start:end]
+            stream_id &= _MAX_STREAM_ID
             # A call's frames right here (see the module doc); the rest through _frame.
             if self._headers_of or not stream_id:
                 self._frame(ftype, flags, stream_id, payload)
-            elif ftype == frames.DATA and not flags & frames.FLAG_PADDED:
-                self._credit_connection(length)
-                self._on_data(stream_id, payload, bool(flags & frames.FLAG_END_STREAM), length)
-            elif ftype == frames.HEADERS and flags & _PLAIN_HEADERS_MASK == frames.FLAG_END_HEADERS:
+            elif ftype == _DATA and not flags & _PADDED:
+                unacked = self.unacked + length  # _credit_connection, inlined: a call less
+                if unacked >= self.credit_at:
+                    self.write(frames.window_update(0, unacked))
+                    unacked = 0
+                self.unacked = unacked
+                self._on_data(stream_id, payload, flags & _END_STREAM != 0, length)
+            elif ftype == _HEADERS and flags & _PLAIN_HEADERS_MASK == _END_HEADERS:
                 headers = self._literal_blocks.get(payload)
                 if headers is None:
                     headers = self._decode(payload)
-                self._on_headers(stream_id, headers, bool(flags & frames.FLAG_END_STREAM))
+                self._on_headers(stream_id, headers, flags & _END_STREAM != 0)
             else:
                 self._frame(ftype, flags, stream_id, payload)
             if self.lost is not None:
@@ -518,7 +541,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
     def _credit_connection(self, size: int) -> None:
         """Give ``size`` bytes of the connection's receive window back; batched to half a window."""
         self.unacked += size
-        if self.unacked >= self.window // 2:
+        if self.unacked >= self.credit_at:
             self.write(frames.window_update(0, self.unacked))
             self.unacked = 0
 

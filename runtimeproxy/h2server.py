@@ -45,9 +45,9 @@ import asyncio
 import contextlib
 import contextvars
 import socket
+import struct
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import structlog
 
@@ -86,11 +86,19 @@ CANCEL_WAIT: Final = 1.0
 _CALL_DEFINITION: Final = frozenset({"te", "content-type", "user-agent"})
 _RESPONSE_HEADERS: Final = encode_literal_block(GRPC_RESPONSE_HEADERS)
 _OK_TRAILERS: Final = encode_literal_block(GRPC_OK_TRAILERS)
+# The HEADERS frames of a call that went well, built with one pack: a frame header's first five
+# bytes (length, type, flags) are fixed, the stream id follows. Each block fits one frame of any
+# peer (a maximum frame size is at least 16384 bytes), so header_frames would never cut it.
+_HEADERS_FRAME_START: Final = struct.Struct(">5sL")
+_RESPONSE_START: Final = header_frames(0, _RESPONSE_HEADERS, False, frames.DEFAULT_MAX_FRAME)[:5]
+_OK_TRAILERS_START: Final = header_frames(0, _OK_TRAILERS, True, frames.DEFAULT_MAX_FRAME)[:5]
+# What a handler may return (a tuple, not a union built at each call).
+_BYTES_LIKE: Final = (bytes, bytearray, memoryview)
 
 
-@dataclass(frozen=True, slots=True)
-class CallInfo:
-    """What a handler learns about its call besides the request message."""
+class CallInfo(NamedTuple):
+    """What a handler learns about its call besides the request message. (Immutable; a named
+    tuple as it is made for every call: half the cost of a frozen dataclass's.)"""
 
     method: str  # ":path", e.g. "/runtime.v1alpha1.RuntimeHookService/PreRunPodSandboxHook"
     metadata: tuple[tuple[str, str], ...]  # the caller's custom metadata ("-bin" values stay base64)
@@ -120,35 +128,16 @@ class _RequestHead:
 class _Stream(PeerStream):
     """One call: its request as it arrives, then the handler answering it."""
 
-    __slots__ = (
-        "body",
-        "deadline",
-        "encoding",
-        "expired",
-        "flow",
-        "gone",
-        "handler",
-        "inline",
-        "metadata",
-        "method",
-        "request_ended",
-        "sizer",
-        "task",
-        "timer",
-    )
+    __slots__ = ("body", "deadline", "expired", "flow", "gone", "head", "request_ended", "sizer", "task", "timer")
 
-    def __init__(self, send_window: int, limit: int) -> None:
+    def __init__(self, send_window: int, head: _RequestHead, deadline: float | None, request_ended: bool) -> None:
         self.send_window = send_window  # PeerStream's, set here: a call less per call
+        self.head = head  # what its headers say: method, metadata, handler
+        self.deadline = deadline
+        self.request_ended = request_ended  # the client's END_STREAM arrived
         self.body = bytearray()
-        self.sizer = grpc_wire.MessageSizer(limit)
+        self.sizer: grpc_wire.MessageSizer | None = None  # made once a request comes in pieces
         self.flow = 0  # bytes received against our stream window
-        self.request_ended = False  # the client's END_STREAM arrived
-        self.method = ""
-        self.handler: UnaryHandler | None = None
-        self.inline = False  # the handler cannot suspend: run at once, without a task
-        self.metadata: tuple[tuple[str, str], ...] = ()
-        self.encoding = "identity"
-        self.deadline: float | None = None
         self.expired = False
         self.gone = False  # answered, reset or dropped: no longer in the connection's streams
         self.task: asyncio.Task[None] | None = None
@@ -203,19 +192,6 @@ class _Connection(H2Peer[_Stream]):
             self.write(frames.rst_stream(stream_id, frames.REFUSED_STREAM))  # clients retry these
             return
         self.last_accepted = stream_id
-        stream = _Stream(self.peer_window, self.limit)
-        self.streams[stream_id] = stream
-        stream.request_ended = end_stream
-        refusal = self._read_headers(stream, headers)
-        if refusal is not None:
-            log.info("gRPC request refused", server=self.server.name, peer=self.name, method=stream.method,
-                     code=grpc_wire.code_name(refusal[0]), reason=refusal[1])
-            self._answer_error(stream_id, stream, *refusal)
-        elif end_stream:
-            self._request_ended(stream_id, stream)
-
-    def _read_headers(self, stream: _Stream, headers: list[tuple[str, str]]) -> tuple[int, str, str] | None:
-        """Fill ``stream`` from the request headers; (status, details, HTTP status) to refuse it."""
         key = tuple(headers)
         head = self._heads.get(key)
         if head is None:
@@ -223,11 +199,15 @@ class _Connection(H2Peer[_Stream]):
             if len(self._heads) >= MAX_LITERAL_BLOCKS:
                 self._heads.clear()
             self._heads[key] = head
-        stream.method, stream.metadata, stream.encoding = head.method, head.metadata, head.encoding
-        stream.handler, stream.inline = head.handler, head.inline
-        if head.timeout is not None:
-            stream.deadline = self.loop.time() + head.timeout
-        return head.refusal
+        deadline = None if head.timeout is None else self.loop.time() + head.timeout
+        stream = _Stream(self.peer_window, head, deadline, end_stream)
+        self.streams[stream_id] = stream
+        if head.refusal is not None:
+            log.info("gRPC request refused", server=self.server.name, peer=self.name, method=head.method,
+                     code=grpc_wire.code_name(head.refusal[0]), reason=head.refusal[1])
+            self._answer_error(stream_id, stream, *head.refusal)
+        elif end_stream:
+            self._request_ended(stream_id, stream)
 
     def _read_head(self, headers: list[tuple[str, str]]) -> _RequestHead:
         """What the request headers say (see _RequestHead)."""
@@ -272,10 +252,21 @@ class _Connection(H2Peer[_Stream]):
         if stream.flow > self.window:
             self._refuse(stream_id, FLOW_CONTROL_ERROR, f"over the stream window of {self.window} bytes")
             return
+        if end_stream and not stream.body and len(data) >= grpc_wire.PREFIX_LEN:
+            # The usual request: one uncompressed message in one DATA frame, within the limit as
+            # our stream window (the limit and its prefix) held it. It needs no sizer and no
+            # copy (single_request's own first check, here).
+            flag, size = grpc_wire.MESSAGE_PREFIX.unpack_from(data)
+            if not flag and size == len(data) - grpc_wire.PREFIX_LEN:
+                stream.request_ended = True
+                self._call(stream_id, stream, data[grpc_wire.PREFIX_LEN :])
+                return
+        if stream.sizer is None:
+            stream.sizer = grpc_wire.MessageSizer(self.limit)
         too_large = stream.sizer.feed(data, 0, len(data))
         if too_large is not None:
             details = f"request message of {too_large} bytes is over the limit of {self.limit} bytes"
-            log.info("gRPC request refused", server=self.server.name, method=stream.method, reason=details)
+            log.info("gRPC request refused", server=self.server.name, method=stream.head.method, reason=details)
             self._answer_error(stream_id, stream, StatusCode.RESOURCE_EXHAUSTED, details)
             return
         stream.body += data
@@ -309,22 +300,28 @@ class _Connection(H2Peer[_Stream]):
 
     def _request_ended(self, stream_id: int, stream: _Stream) -> None:
         stream.request_ended = True
+        head = stream.head
         try:
-            request = grpc_wire.single_request(bytes(stream.body), stream.encoding, self.limit)
+            request = grpc_wire.single_request(bytes(stream.body), head.encoding, self.limit)
         except grpc_wire.BadRequest as exc:
-            log.info("gRPC request refused", server=self.server.name, method=stream.method, reason=str(exc))
-            self._answer_error(stream_id, stream, _bad_request_code(stream.encoding, bytes(stream.body)), str(exc))
+            log.info("gRPC request refused", server=self.server.name, method=head.method, reason=str(exc))
+            self._answer_error(stream_id, stream, _bad_request_code(head.encoding, bytes(stream.body)), str(exc))
             return
         stream.body = bytearray()
+        self._call(stream_id, stream, request)
+
+    def _call(self, stream_id: int, stream: _Stream, request: bytes) -> None:
+        """Hand the whole ``request`` to the call's handler, unless its deadline has passed."""
         if stream.deadline is not None and stream.deadline <= self.loop.time():
             self._answer_error(stream_id, stream, StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
             return
-        assert stream.handler is not None
-        info = CallInfo(stream.method, stream.metadata, stream.deadline)
-        if stream.inline:
-            self._run_now(stream_id, stream, stream.handler, request, info)
+        head = stream.head
+        assert head.handler is not None
+        info = CallInfo(head.method, head.metadata, stream.deadline)
+        if head.inline:
+            self._run_now(stream_id, stream, head.handler, request, info)
         else:
-            self._start(stream_id, stream, self._run(stream_id, stream, stream.handler, request, info))
+            self._start(stream_id, stream, self._run(stream_id, stream, head.handler, request, info))
 
     def _start(self, stream_id: int, stream: _Stream, call: Coroutine[Any, Any, None]) -> None:
         """Run ``call`` as a task of its own, under the deadline (see the module doc)."""
@@ -397,7 +394,7 @@ class _Connection(H2Peer[_Stream]):
         """Answer what a handler returned when that needs no wait: an error for anything but
         bytes within the limit, else the response if it fits the windows. False when the response
         must wait for a window (`_answer` sends it)."""
-        if not isinstance(response, bytes | bytearray | memoryview):
+        if not isinstance(response, _BYTES_LIKE):
             log.error("gRPC handler returned no bytes", server=self.server.name, method=method,
                       returned=type(response).__name__)
             self._answer_error(stream_id, stream, StatusCode.UNKNOWN, f"the handler returned {type(response).__name__}")
@@ -406,8 +403,10 @@ class _Connection(H2Peer[_Stream]):
             log.error("gRPC response refused", server=self.server.name, method=method, reason=details)
             self._answer_error(stream_id, stream, StatusCode.RESOURCE_EXHAUSTED, details)
         elif self.streams.get(stream_id) is stream:
-            head, tail = self._answer_frames(stream_id)
-            if not self.send_now(stream_id, stream, head, grpc_wire.encode_message(bytes(response)), tail):
+            message = response if type(response) is bytes else bytes(response)
+            head = _HEADERS_FRAME_START.pack(_RESPONSE_START, stream_id) + _RESPONSE_HEADERS
+            tail = _HEADERS_FRAME_START.pack(_OK_TRAILERS_START, stream_id) + _OK_TRAILERS
+            if not self.send_message_now(stream_id, stream, head, message, tail):
                 return False
             self._forget(stream_id)
         return True
@@ -416,16 +415,10 @@ class _Connection(H2Peer[_Stream]):
         """Send the response as the windows allow."""
         if self.streams.get(stream_id) is not stream:
             return
-        head, tail = self._answer_frames(stream_id)
+        head = header_frames(stream_id, _RESPONSE_HEADERS, False, self.peer_max_frame)
+        tail = header_frames(stream_id, _OK_TRAILERS, True, self.peer_max_frame)
         if await self.send(stream_id, stream, head, grpc_wire.encode_message(response), tail):
             self._forget(stream_id)
-
-    def _answer_frames(self, stream_id: int) -> tuple[bytes, bytes]:
-        """The response headers and OK trailers of a call that went well, as frames."""
-        max_frame = self.peer_max_frame
-        return header_frames(stream_id, _RESPONSE_HEADERS, False, max_frame), header_frames(
-            stream_id, _OK_TRAILERS, True, max_frame
-        )
 
     def _answer_error(self, stream_id: int, stream: _Stream, code: int, details: str, http_status: str = "200") -> None:
         """End the call with a trailers-only answer (and RST_STREAM NO_ERROR when the client is

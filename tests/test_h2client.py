@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import os
 import subprocess
 import sys
 import tempfile
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -580,3 +582,18 @@ def test_containerd_answers_the_client(containerd: Containerd, loop: str) -> Non
             await channel.close()
 
     uvloop.run(run())
+
+
+@pytest.mark.parametrize(("encoding", "compress"), [("gzip", gzip.compress), ("deflate", zlib.compress)])
+async def test_a_compressed_response_is_read_by_its_headers_grpc_encoding(
+    encoding: str, compress: Callable[[bytes], bytes]
+) -> None:
+    """grpc-encoding comes in the response headers (PROTOCOL-HTTP2 "Responses"), not the trailers."""
+    conn, _ = connected()
+    stream_id, call = await open_call(conn)
+    server = Server()
+    head = server.block([(":status", "200"), ("content-type", "application/grpc"), ("grpc-encoding", encoding)])
+    feed(conn, header_frames(stream_id, head, False, [], 0)
+         + data_frames(stream_id, grpc_wire.encode_message(compress(b"squeezed"), compressed=True), [], 0)
+         + header_frames(stream_id, server.block([("grpc-status", "0")]), True, [], 0), [])
+    assert await outcome(call) == b"squeezed"

@@ -811,3 +811,71 @@ def test_random_bytes_after_the_preface_never_break_the_server(garbage: bytes) -
     asyncio.run(run())
 
 
+
+
+def answers(written: bytes) -> dict[int, tuple[dict[str, str], bytes]]:
+    """Per stream, what the server wrote: the fields of its header blocks and its DATA."""
+    decoder, out, offset = hpack.Decoder(), {}, 0
+    while offset < len(written):
+        high, low, ftype, _, stream_id = frames.FRAME_HEADER.unpack_from(written, offset)
+        end = offset + frames.HEADER_LEN + (high << 8 | low)
+        payload = written[offset + frames.HEADER_LEN : end]
+        offset = end
+        fields, data = out.setdefault(stream_id, ({}, b""))
+        if ftype == frames.HEADERS:
+            fields.update(decoder.decode(payload))
+        elif ftype == frames.DATA:
+            out[stream_id] = (fields, data + payload)
+    return out
+
+
+SMALL_LIMIT = 24
+# Bodies within our stream window (the limit and a prefix): a longer one is a flow-control error.
+message_bodies = st.one_of(
+    st.binary(max_size=SMALL_LIMIT + grpc_wire.PREFIX_LEN),  # anything, mostly not one message
+    st.builds(  # a message prefix (compressed or not, announcing about the limit) and some bytes
+        lambda flag, length, rest: grpc_wire.MESSAGE_PREFIX.pack(flag, length) + rest,
+        st.sampled_from([0, 1]), st.integers(0, SMALL_LIMIT + 3), st.binary(max_size=SMALL_LIMIT),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=message_bodies, cuts=st.lists(st.integers(1, 40), min_size=1, max_size=4))
+def test_a_request_in_one_data_frame_is_answered_as_one_cut_in_pieces(body: bytes, cuts: list[int]) -> None:
+    """A request whose body comes in one DATA frame takes a shorter way (no sizer, no copy): its
+    answer is the one the same body cut into several DATA frames gets (status, details, message)."""
+
+    async def echo(request: bytes, info: CallInfo) -> bytes:
+        return request
+
+    async def run() -> None:
+        server = H2Server({METHOD: echo}, max_message_size=SMALL_LIMIT)
+        connection, transport = fresh_connection(server)
+        fields = [(":method", "POST"), (":scheme", "http"), (":path", METHOD), (":authority", "x"),
+                  ("content-type", "application/grpc"), ("grpc-encoding", "gzip")]
+        head = lambda sid: header_frames(sid, encode_literal_block(fields), False, 16384)  # noqa: E731
+        points = sorted({c for c in cuts if c < len(body)})
+        pieces = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+        cut = b"".join(frames.frame(frames.DATA, 0, 3, piece) for piece in pieces[:-1])
+        wire = (head(1) + frames.frame(frames.DATA, frames.FLAG_END_STREAM, 1, body)
+                + head(3) + cut + frames.frame(frames.DATA, frames.FLAG_END_STREAM, 3, pieces[-1]))
+        with capture_logs():
+            connection.data_received(frames.PREFACE + frames.settings() + wire)
+        got = answers(bytes(transport.written))
+        assert got[1] == got[3] and "grpc-status" in got[1][0]
+        whole = grpc_wire.split_messages(body)
+        if whole is not None and len(whole) == 1 and len(whole[0].body) <= SMALL_LIMIT and not whole[0].compressed:
+            assert got[1] == ({":status": "200", "content-type": "application/grpc", "grpc-status": "0"}, body)
+        elif whole is not None and any(len(m.body) > SMALL_LIMIT for m in whole):
+            assert got[1][0]["grpc-status"] == str(int(StatusCode.RESOURCE_EXHAUSTED))
+
+    asyncio.run(run())
+
+
+async def test_a_request_at_the_limit_in_one_frame_is_served_and_one_byte_more_is_refused() -> None:
+    async with serving(limit=100) as (_, calls, path), channel(path) as ours:
+        assert await ours.unary(METHOD, b"a" * 100, 5) == b"a" * 100
+        code, details = await our_status(ours.unary(METHOD, b"a" * 101, 5))
+        assert code == StatusCode.RESOURCE_EXHAUSTED and "101 bytes" in details
+        assert len(calls.infos) == 1  # refused before any handler ran
