@@ -1,6 +1,7 @@
 """Where a pod start's time goes: a per-pod timeline, direct against proxy + runtime-hooks.
 
     python bench/pod_timeline.py [--pods N] [--rounds N] [--warmup-pods N] [--per-pod] [--json FILE]
+    python bench/pod_timeline.py --pool FILE [FILE ...]
 
 It sets up what part 2 of runtime_hooks_bench.py does (the test bed's containerd, runtime-hooks
 with all built-in plugins on the real cgroups and a fake resctrl, a proxy in front of
@@ -14,6 +15,8 @@ hook call (runtime-hooks' time inside, each plugin, and the rest: gRPC and wake-
 sides), the runtime (request sent to answer received, as the proxy sees it), and the way back;
 plus each daemon's CPU and run-queue wait during the start (schedstat). The last lines set the
 sum of the added parts against the paired difference to the direct neighbour.
+One run's 95% interval is about +-2.5% here; ``--pool`` reads the --json files of several runs
+and prints their ratios pooled (each pod paired with the direct pod of its own run and group).
 See bench/README.md ("Pod-start timeline").
 """
 
@@ -43,6 +46,7 @@ TARGETS = ("direct", "hooks", "noop")
 PROXIED = TARGETS[1:]
 LABELS = {"direct": "direct", "hooks": "proxy + runtime-hooks (all built-in plugins)",
           "noop": "proxy + no-op hook server on all 13 points"}
+SHORT_LABELS = {"hooks": "runtime-hooks", "noop": "no-op on all 13 points"}
 RATIO_TARGETS = {"hooks": 1.03, "noop": 1.02}  # issue 12, item 3
 SPACED_GAP = 0.02  # s of idle before each spaced Version call: as between a pod start's calls
 STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer")
@@ -308,6 +312,27 @@ def print_ratios(report: dict[str, Any]) -> None:
               f"{t['paired_ratio']:>8.3f}x ± {t['paired_ratio_ci']:.3f}  <= {t['target']:.2f}x: {met}")
 
 
+def pooled_pods(reports: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods of several runs' reports, their groups made distinct per run (pairs stay in a run)."""
+    return [{**pod, "group": f"{n}-{pod['group']}"} for n, report in enumerate(reports) for pod in report["pods"]]
+
+
+def print_pooled(paths: Sequence[Path]) -> None:
+    reports = [json.loads(path.read_text()) for path in paths]
+    print(f"{'run (paired x, 95% CI)':<40}" + "".join(f"{SHORT_LABELS[t]:>32}" for t in PROXIED))
+    for path, report in zip(paths, reports, strict=True):
+        r = ratios(report["pods"])
+        print(f"{path!s:<40}" + "".join(
+            f"{r[t]['paired_ratio']:>22.3f}x ± {r[t]['paired_ratio_ci']:.3f}" for t in PROXIED))
+    r = ratios(pooled_pods(reports))
+    print(f"\nPooled, {r['direct']['pods']} pods per target over {len(reports)} runs (paired within each run):")
+    for target in PROXIED:
+        t, pa = r[target], r[target]["paired"]
+        met = "met" if t["paired_ratio"] <= t["target"] else "MISSED"
+        print(f"  {LABELS[target]:<46}{t['paired_ratio']:.3f}x ± {t['paired_ratio_ci']:.3f} "
+              f"({pa['mean_ms']:+.2f} ms, median {pa['median_ms']:+.2f})  <= {t['target']:.2f}x: {met}")
+
+
 def print_spaced(report: dict[str, Any]) -> None:
     spaced = report["spaced_ms"]
     if not spaced:
@@ -382,7 +407,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "runtime's after-work are not timed with the next pod (default 50; 0: back to back)")
     parser.add_argument("--per-pod", action="store_true", help="print every proxied pod's timeline too")
     parser.add_argument("--json", type=Path, help="also write the timelines and means to this file")
+    parser.add_argument("--pool", type=Path, nargs="+", metavar="FILE",
+                        help="run nothing: pool the ratios of earlier runs' --json files")
     args = parser.parse_args(argv)
+    if args.pool:
+        print_pooled(args.pool)
+        return
     if args.pods < 1 or args.rounds < 1 or args.warmup_pods < 0 or args.settle_ms < 0:
         parser.error("--pods and --rounds must be at least 1, --warmup-pods and --settle-ms at least 0")
     require_root("pod_timeline.py")
