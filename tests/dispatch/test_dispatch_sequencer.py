@@ -3,16 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtimeproxy.dispatch.sequencer import KeyedSequencer
 
+T = TypeVar("T")
+
 
 async def _turns(n: int) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
+
+
+def _user(seq: KeyedSequencer, order: list[T], hold: int = 0) -> Callable[[T], Coroutine[Any, Any, None]]:
+    """A task body: take key "k", note ``name`` in ``order``, hold it ``hold`` loop turns, give it back."""
+
+    async def user(name: T) -> None:
+        keys = await seq.acquire(["k"])
+        order.append(name)
+        await _turns(hold)
+        seq.release(keys)
+
+    return user
 
 
 def test_a_free_key_is_taken_without_yielding() -> None:
@@ -37,13 +53,7 @@ def test_waiters_get_the_key_in_arrival_order() -> None:
         seq = KeyedSequencer()
         order: list[int] = []
         first = await seq.acquire(["k"])
-
-        async def user(i: int) -> None:
-            keys = await seq.acquire(["k"])
-            order.append(i)
-            await _turns(2)
-            seq.release(keys)
-
+        user = _user(seq, order, hold=2)
         tasks = [asyncio.create_task(user(i)) for i in range(4)]
         await _turns(3)
         assert order == []
@@ -60,12 +70,7 @@ def test_a_newcomer_queues_behind_a_waiter_that_was_handed_the_key() -> None:
         seq = KeyedSequencer()
         order: list[str] = []
         first = await seq.acquire(["k"])
-
-        async def user(name: str) -> None:
-            keys = await seq.acquire(["k"])
-            order.append(name)
-            seq.release(keys)
-
+        user = _user(seq, order)
         waiting = asyncio.create_task(user("waiter"))
         await _turns(1)
         seq.release(first)  # handed to the waiter, which has not run yet
@@ -82,12 +87,7 @@ def test_a_cancelled_waiter_is_skipped() -> None:
         seq = KeyedSequencer()
         order: list[int] = []
         first = await seq.acquire(["k"])
-
-        async def user(i: int) -> None:
-            keys = await seq.acquire(["k"])
-            order.append(i)
-            seq.release(keys)
-
+        user = _user(seq, order)
         tasks = [asyncio.create_task(user(i)) for i in range(3)]
         await _turns(1)
         tasks[1].cancel()
@@ -106,12 +106,7 @@ def test_a_waiter_cancelled_after_the_handover_passes_the_key_on() -> None:
         seq = KeyedSequencer()
         order: list[int] = []
         first = await seq.acquire(["k"])
-
-        async def user(i: int) -> None:
-            keys = await seq.acquire(["k"])
-            order.append(i)
-            seq.release(keys)
-
+        user = _user(seq, order)
         tasks = [asyncio.create_task(user(i)) for i in range(2)]
         await _turns(1)
         seq.release(first)  # task 0 owns the key now, but has not run
