@@ -917,8 +917,11 @@ class CgroupFS:
 
     def cpu_quota_if_present(self, parent: str, container_id: str | None = None) -> tuple[int, int] | None:
         """:meth:`cpu_quota`, or None where the quota file is absent (see :meth:`read_if_exists`)."""
-        text = self.read_if_exists("cpu", self.file_name("cpu.quota"), parent, container_id)
-        return None if text is None else self._cpu_quota(text, parent, container_id)
+        first = self.cpu_quota_first_if_present(parent, container_id)
+        if first is None:
+            return None
+        quota, period = first  # v2's cpu.max gives both; v1's period is a file of its own
+        return quota, self._period(parent, container_id) if period is None else period
 
     def cpu_quota_first_if_present(self, parent: str, container_id: str | None = None) -> tuple[int, int | None] | None:
         """:meth:`cpu_quota_if_present` without reading v1's period file (None in its place; v2's
