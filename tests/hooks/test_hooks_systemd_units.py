@@ -499,6 +499,8 @@ async def test_with_the_bus_down_files_are_written_the_failure_logged_once_and_s
                 bus, manager = await serve_fake_systemd(f"unix:path={socket}")
                 manager.add_unit(slice_of(parent))
                 await eventually(lambda: not node.sync.bus.pending())
+                # Taken off pending when the send starts: wait for it to end before the bus goes.
+                assert await node.sync.bus.flush()
                 bus.disconnect()
             finally:
                 stop(daemon)
@@ -523,6 +525,7 @@ async def test_a_restarted_bus_is_connected_again(tmp_path: Path) -> None:
                 manager.add_unit(slice_of(parent))
                 node.fs.set_cpu_quota(parent, quota)
                 await eventually(lambda: not node.sync.bus.pending())
+                assert await node.sync.bus.flush()  # the send taken off pending has ended too
                 calls += manager.calls
                 bus.disconnect()
             finally:
