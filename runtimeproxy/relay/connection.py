@@ -785,28 +785,23 @@ class RelayConnection:
 
     async def _run_before(self, stream: HeldStream) -> None:
         assert stream.call is not None
-        received = bytes(stream.held_request)
-        stream.held_request.clear()  # one copy at a time: large requests are budgeted
         try:
-            request = grpc_wire.single_request(received, stream.call.encoding, self.options.max_message_size)
-            del received
+            request = self._held_message(stream)
+            request = await self.options.interceptor.before(stream.call, request)
         except grpc_wire.BadRequest as bad:
             # The hooks could not see such a request, so it must not reach the runtime past them.
             log.warning("request refused", method=stream.method.path, reason=str(bad))
-            self._refuse(stream, grpc_wire.INVALID_ARGUMENT, f"{stream.method.path}: {bad}")
+            self._refuse_open(stream, grpc_wire.INVALID_ARGUMENT, f"{stream.method.path}: {bad}")
             return
-        try:
-            request = await self.options.interceptor.before(stream.call, request)
         except RejectCall as reject:
-            if stream.id in self.streams:
-                self._refuse(stream, reject.code, reject.message)
+            self._refuse_open(stream, reject.code, reject.message)
             return
         except Exception as exc:
-            # The interceptor applies the failure policies itself; an error escaping it is a
-            # bug in that very code, so nothing can say the call may pass unhooked: refuse it.
+            # The interceptor applies the failure policies itself; an error escaping it (or
+            # this code) is a bug in that very code, so nothing can say the call may pass
+            # unhooked: refuse it.
             log.exception("interceptor failed; call refused", method=stream.method.path)
-            if stream.id in self.streams:
-                self._refuse(stream, grpc_wire.INTERNAL, f"proxy hook layer failed: {type(exc).__name__}: {exc}")
+            self._refuse_open(stream, grpc_wire.INTERNAL, f"proxy hook layer failed: {type(exc).__name__}: {exc}")
             return
         if stream.id in self.streams:
             stream.request = request
@@ -814,6 +809,18 @@ class RelayConnection:
             if trace.ON:
                 trace.event("proxy.sent", call=stream.call.serial)
             self._send_request(stream, grpc_wire.encode_message(request))
+
+    def _held_message(self, stream: HeldStream) -> bytes:
+        """The held request's one message (BadRequest if it is not one). The held copy goes at
+        once: large requests are budgeted, and the hooks must not hold two copies."""
+        assert stream.call is not None
+        received = bytes(stream.held_request)
+        stream.held_request.clear()
+        return grpc_wire.single_request(received, stream.call.encoding, self.options.max_message_size)
+
+    def _refuse_open(self, stream: Stream, code: int, message: str) -> None:
+        if stream.id in self.streams:  # not ended meanwhile (by the client, or the connection)
+            self._refuse(stream, code, message)
 
     def _refuse(self, stream: Stream, code: int, message: str) -> None:
         """End a held call from its hook task (between reads): the status and the credit for

@@ -344,3 +344,22 @@ async def test_a_changed_request_held_up_by_the_connection_window_resumes_on_its
     pair.conn.upstream_data(frames.window_update(0, 10_000))
     assert pair.conn.sending_calls == 0
     assert pair.backend.data[sent:].endswith(grown[-(len(grown) + 5 - frames.DEFAULT_WINDOW) :])
+
+
+@pytest.mark.usefixtures("long_park")
+async def test_a_bug_reading_the_held_request_refuses_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Our own error before the hooks even ran: nothing may pass unhooked (and the client is not
+    left waiting for its deadline)."""
+
+    def broken(*args: object) -> bytes:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(grpc_wire, "single_request", broken)
+    pair, gate = await hooked_pair()
+    headers = pair.headers(1)
+    pair.conn.client_data(headers + message(1, b"asked"))
+    await turns()
+    assert gate.waiting.empty()  # the hooks never got it
+    assert pair.backend.writes == [headers + frames.rst_stream(1, frames.CANCEL)]
+    assert pair.observed == [(VERSION, grpc_wire.INTERNAL)]
+    assert b"proxy hook layer failed: KeyError" in pair.client.writes[0]
