@@ -177,7 +177,11 @@ class LivePodCache:
         ]
         self._retain(ready_ids, {item.id for item in containers})
         gate = asyncio.Semaphore(max(1, loader.concurrency))
-        pod_results = await asyncio.gather(*(_bounded(gate, self._pod(item)) for item in sandboxes))
+        # A known sandbox costs no call, so no task either (75 pods: 75 task steps in one loop turn).
+        new = [item for item in sandboxes if item.id not in self._pods]
+        results = await asyncio.gather(*(_bounded(gate, self._pod(item)) for item in new))
+        loaded = {item.id: result for item, result in zip(new, results, strict=True)}
+        pod_results = [loaded[item.id] if item.id in loaded else self._pods[item.id] for item in sandboxes]
         container_results = await asyncio.gather(*(_bounded(gate, self._container(item)) for item in containers))
         # Forget objects no longer listed (memory stays as small as the runtime's bad objects).
         loader.unreadable.retain(

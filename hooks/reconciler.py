@@ -22,6 +22,11 @@ takes effect at once) the :class:`Reconciler`:
    it found drifted and set back) in ``runtimehooks_reconcile_drift_total{plugin}``, and
    the round's duration in ``runtimehooks_reconcile_duration_seconds``.
 
+**It never stalls hook calls.** Hook calls and rounds share one event loop: the built-in plugins'
+reconcile handlers walk the pods in slices of about a millisecond (hooks/pacing.py), so a hook call
+arriving mid-round waits for one slice, not for the round (75 pods: ~30 ms before). Handlers of
+other plugins can do the same with ``async for pod in paced(pods)``.
+
 **It never fights kubelet.** The reconciler writes nothing itself, and reconcile handlers
 touch only values their plugin owns: what their own hooks set on the node (resctrl groups
 and their schemata, a class's cgroup knobs, tc classes...), and the values a plugin decides

@@ -7,7 +7,11 @@ settings for the pod's class say ``enabled: false``, or when its handler's ``whe
 answers false (Plugin.on). Each of these is reported alike: in RunResult.skipped with the
 reason, at debug level in the log, and not in the call metrics (nothing ran). A predicate that
 raises is the plugin's failed call (outcome "error", reason ``when=<predicate>: ...``), counted,
-logged and handled by the plugin's failure policy as a failing handler would be."""
+logged and handled by the plugin's failure policy as a failing handler would be.
+
+A reconcile handler gets every live pod at once and may walk them in slices (hooks/pacing.py),
+so it may take longer than one hook call: its timeout is the plugin's plus
+RECONCILE_SECONDS_PER_POD for each pod it is given."""
 
 from __future__ import annotations
 
@@ -54,6 +58,9 @@ __all__ = [
 ]
 
 log = structlog.get_logger("runtimeproxy.hooks.sdk")
+#: What a reconcile handler's timeout adds per pod to its plugin's (see the module doc): about
+#: twenty times what a built-in plugin spends on a pod, so a large node's round is not cut off.
+RECONCILE_SECONDS_PER_POD = 0.01
 _plugin_log = structlog.get_logger("runtimeproxy.hooks.plugin")
 
 Outcome = Literal["ok", "error", "timeout", "invalid", "busy"]
@@ -420,8 +427,9 @@ class PluginRunner:
             if handler is None or self.skip_reason(plugin):
                 continue
             kwargs = {**extra, **self._node_kwargs(plugin, _Stage.RECONCILE), **given}
-            kwargs["pods"] = self._called_for(plugin, viewed)
-            outcome, reason, value = await self._call(plugin, handler, _Stage.RECONCILE.value, kwargs)
+            kwargs["pods"] = pods_for = self._called_for(plugin, viewed)
+            timeout = plugin.timeout + RECONCILE_SECONDS_PER_POD * len(pods_for)
+            outcome, reason, value = await self._call(plugin, handler, _Stage.RECONCILE.value, kwargs, timeout)
             if outcome != "ok":
                 failure = PluginFailure(plugin.name, _Stage.RECONCILE.value, outcome, reason, plugin.failure_policy)
                 self._log_failure(failure, {"hook": _Stage.RECONCILE.value})
@@ -474,15 +482,19 @@ class PluginRunner:
             "dry_run": self.context.dry_run,
         }
 
-    async def _call(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
-        """Outcome, reason and (when "ok") the handler's return value."""
+    async def _call(
+        self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any], timeout: float | None = None
+    ) -> _Called:
+        """Outcome, reason and (when "ok") the handler's return value, within ``timeout`` seconds
+        (default: the plugin's)."""
         if handler.never_suspends:
             return self._call_now(plugin, handler, hook, kwargs)
         started = time.perf_counter()
+        limit = plugin.timeout if timeout is None else timeout
         if handler.is_async:
-            called = await self._call_async(plugin, handler, kwargs)
+            called = await self._call_async(plugin, handler, kwargs, limit)
         else:
-            called = await self._call_sync(plugin, handler, kwargs)
+            called = await self._call_sync(plugin, handler, kwargs, limit)
         return self._counted(plugin, hook, called, started)
 
     def _call_now(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
@@ -528,7 +540,7 @@ class PluginRunner:
             trace.event("hooks.plugin", plugin=plugin.name, hook=hook, outcome=called[0], seconds=seconds)
         return called
 
-    async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> _Called:
+    async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any], timeout: float) -> _Called:
         """A handler that may suspend, as a task of its own, within its timeout."""
         started = time.monotonic()
         try:
@@ -549,7 +561,7 @@ class PluginRunner:
             if task.done():
                 return _task_outcome(task)
             # asyncio.wait, not wait_for: a handler that swallows its cancellation must not hold up the call.
-            remaining = max(0.0, plugin.timeout - (time.monotonic() - started))
+            remaining = max(0.0, timeout - (time.monotonic() - started))
             done, _ = await asyncio.wait({task}, timeout=remaining)
         except asyncio.CancelledError:  # the hook call itself was cancelled (the proxy gave up)
             task.cancel()
@@ -558,10 +570,10 @@ class PluginRunner:
         if not done:
             task.cancel()
             self._keep_orphan(task, plugin)
-            return "timeout", f"no answer within {plugin.timeout:g}s", None
+            return "timeout", f"no answer within {timeout:g}s", None
         return _task_outcome(task)
 
-    async def _call_sync(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any]) -> _Called:
+    async def _call_sync(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any], timeout: float) -> _Called:
         if self._closed:
             return "error", "not run: the runner is closed", None
         with self._lock:
@@ -577,7 +589,7 @@ class PluginRunner:
         )
         future = asyncio.wrap_future(work)
         try:
-            done, _ = await asyncio.wait({future}, timeout=plugin.timeout)
+            done, _ = await asyncio.wait({future}, timeout=timeout)
         except asyncio.CancelledError:
             future.cancel()  # detach from the thread, which runs on
             work.add_done_callback(functools.partial(_late_end, plugin.name))
@@ -590,7 +602,7 @@ class PluginRunner:
                 if not call.finished:  # only calls past their timeout count as hung
                     call.hung = True
                     self._running_sync[plugin.name] = self._running_sync.get(plugin.name, 0) + 1
-            return "timeout", f"no answer within {plugin.timeout:g}s (its thread runs on)", None
+            return "timeout", f"no answer within {timeout:g}s (its thread runs on)", None
         return _task_outcome(future)
 
     def _sync_done(self, name: str, call: _SyncCall) -> None:

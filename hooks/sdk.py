@@ -82,6 +82,8 @@ threads): guard state shared between calls.
 * hooks/convert.py: protobuf conversion (``resources_from_proto``, ``resources_to_proto``) and
   ``qos_of`` (the pod's class).
 * hooks/settings.py: plugin settings; hooks/qos.py: ``QoSClass`` and how a pod's class is found.
+* hooks/pacing.py: ``paced``, for a reconcile handler that walks many pods without holding the
+  event loop (``async for pod in paced(pods)``): hook calls go on between its slices.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ from .discovery import (
     load_entry_point,
     settings_specs,
 )
+from .pacing import paced
 from .qos import QoSClass
 from .runner import (
     HookCallFailed,
@@ -154,6 +157,7 @@ __all__ = [
     "discover_plugins",
     "filtered_reason",
     "load_entry_point",
+    "paced",
     "qos_of",
     "resources_from_proto",
     "resources_to_proto",

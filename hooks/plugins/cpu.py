@@ -92,6 +92,7 @@ from ..extended_resources import (
     ExtendedResourceSpec,
     read_extended_resource_spec,
 )
+from ..pacing import paced
 from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, ResourceChanges, Resources, qos_of
@@ -677,25 +678,30 @@ def reconcile_pods(
     state: CpuState | None = None,
 ) -> int:
     """Re-apply the pod-level plan to each pod's existing cgroup; how many values were repaired
-    (also added to ``state``'s total)."""
-    repaired = 0
-    for pod in pods:
-        if not pod.cgroup_parent:
-            continue
-        try:
-            if not fs.exists(pod.cgroup_parent):
-                continue
-            qos = qos_of(pod).qos_class
-            _, written = _plan_and_apply(fs, pod, qos, settings_for(qos), section, log, exists=True)
-        except (OSError, CgroupError, ValueError) as exc:
-            log.warning("cannot reconcile pod", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
-            continue
-        if written:
-            log.info("repaired drifted cpu settings", pod=f"{pod.namespace}/{pod.name}", settings=written)
-        repaired += len(written)
+    (also added to ``state``'s total). The handler does the same in slices (hooks/pacing.py)."""
+    repaired = sum(_reconcile_pod(fs, pod, settings_for, section, log) for pod in pods)
     if state is not None:
         state.add_drift(repaired)
     return repaired
+
+
+def _reconcile_pod(
+    fs: CgroupFS, pod: PodInfo, settings_for: Callable[[QoSClass], CPUSettings], section: CPUSection, log: Any
+) -> int:
+    """Re-apply the pod-level plan to the pod's cgroup if it exists; how many values were repaired."""
+    if not pod.cgroup_parent:
+        return 0
+    try:
+        if not fs.exists(pod.cgroup_parent):
+            return 0
+        qos = qos_of(pod).qos_class
+        _, written = _plan_and_apply(fs, pod, qos, settings_for(qos), section, log, exists=True)
+    except (OSError, CgroupError, ValueError) as exc:
+        log.warning("cannot reconcile pod", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
+        return 0
+    if written:
+        log.info("repaired drifted cpu settings", pod=f"{pod.namespace}/{pod.name}", settings=written)
+    return len(written)
 
 
 # --- handlers ----------------------------------------------------------------------------------
@@ -783,8 +789,13 @@ async def reconcile(
     log: Any,
     **kwargs: Any,
 ) -> int:
-    """Re-apply the pod-level values of ``pods``; the number of drifted values repaired."""
-    return reconcile_pods(cgroups, pods, settings_for, section, log, state)
+    """Re-apply the pod-level values of ``pods``; the number of drifted values repaired. In slices
+    (hooks/pacing.py): a hook call arriving meanwhile is not kept waiting for the whole round."""
+    repaired = 0
+    async for pod in paced(pods):
+        repaired += _reconcile_pod(cgroups, pod, settings_for, section, log)
+    state.add_drift(repaired)
+    return repaired
 
 
 def _pinned(annotations: Mapping[str, str]) -> bool:

@@ -39,6 +39,7 @@ from runtimeproxy.dispatch.limits import format_cpuset, parse_cpuset
 
 from ..cgroups import CgroupError, CgroupFS, CgroupVersion
 from ..convert import qos_of
+from ..pacing import paced
 from ..podview import RESOURCE_STATUS_ANNOTATION
 from ..policy import builtin_defaults
 from ..qos import QoSClass
@@ -230,12 +231,13 @@ async def reconcile(
     containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
     **kwargs: Any,
 ) -> int:
-    """Put the assigned cpuset back into pinned pods' containers and sandboxes; the files rewritten."""
+    """Put the assigned cpuset back into pinned pods' containers and sandboxes; the files rewritten.
+    In slices (hooks/pacing.py): a hook call arriving meanwhile is not kept waiting for the whole round."""
     if cgroups is None:
         return 0
     state.intersection_update(pod.uid for pod in pods)
     repaired = 0
-    for pod in pods:
+    async for pod in paced(pods):
         if not pod.cgroup_parent or not pod.sandbox_id:
             continue
         where = f"{pod.namespace}/{pod.name}"

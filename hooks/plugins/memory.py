@@ -106,6 +106,7 @@ from ..extended_resources import (
     ExtendedResourceSpec,
     read_extended_resource_spec,
 )
+from ..pacing import paced
 from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, Resources, qos_of
@@ -444,10 +445,9 @@ def pod_plan(
 
 
 def _same(cgroups: CgroupFS, file: str, value: str, parent: str, container_id: str | None) -> bool:
-    try:
-        return cgroups.read("memory", file, parent, container_id) == value
-    except FileNotFoundError:
-        return False
+    # read_if_exists: a file this kernel lacks (v1 has no memory.wmark_*) is probed once, not read
+    # and missed twice per pod every round (CgroupFS remembers it); apply_plan then skips it.
+    return cgroups.read_if_exists("memory", file, parent, container_id) == value
 
 
 def apply_plan(
@@ -677,9 +677,10 @@ async def reconcile(
 ) -> int:
     """Set back what drifted from the current policy: each pod's cgroup (its batch-memory limit;
     the protection when its resources are known) and its containers' (``containers``, by
-    sandbox id). Returns the files rewritten."""
+    sandbox id). Returns the files rewritten. In slices (hooks/pacing.py): a hook call arriving
+    meanwhile is not kept waiting for the whole round."""
     repaired = 0
-    for pod in pods:
+    async for pod in paced(pods):
         if not pod.cgroup_parent:
             continue
         try:

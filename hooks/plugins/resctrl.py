@@ -79,6 +79,7 @@ from typing import Any, Final
 
 from ..cgroups import CgroupError, CgroupFS, CgroupVersion
 from ..kernel_files import read_bytes
+from ..pacing import paced
 from ..policy import builtin_defaults
 from ..qos import QoSClass
 from ..resctrl import (
@@ -569,8 +570,14 @@ async def reconcile(
     **kwargs: Any,
 ) -> int:
     """Repair drifted or missing groups and move the pods' stray threads into their groups;
-    returns how many things it set back (groups repaired + threads moved)."""
-    return reconcile_pods(pods, cgroups, resctrl, settings_for, state, log).repaired
+    returns how many things it set back (groups repaired + threads moved). reconcile_pods, in slices
+    (hooks/pacing.py): a hook call arriving meanwhile is not kept waiting for the whole round."""
+    round_ = _Round.begin(cgroups, resctrl, settings_for, state, log)
+    if round_ is not None:
+        async for pod in paced(pods):
+            round_.pod(pod)
+        round_.end()
+    return round_.report.repaired if round_ is not None else 0
 
 
 def reconcile_pods(
@@ -582,32 +589,59 @@ def reconcile_pods(
     log: Any,
 ) -> ResctrlReconcileReport:
     """One reconcile round (see the module doc), with what it did."""
-    report = ResctrlReconcileReport()
-    controller = state.ensure(resctrl, settings_for, log)
-    if controller is None:
-        return report
-    report.schemata_repaired = controller.repair(controller.plan(settings_for), log)
-    if cgroups is None:
-        return report
-    known = {name: controller.fs.tasks(name) for name in controller.group_names}
+    round_ = _Round.begin(cgroups, resctrl, settings_for, state, log)
+    if round_ is None:
+        return ResctrlReconcileReport()
     for pod in pods:
-        group = controller.group_for(qos_of(pod).qos_class)
-        if group is None or not pod.cgroup_parent:
-            continue
+        round_.pod(pod)
+    round_.end()
+    return round_.report
+
+
+@dataclass
+class _Round:
+    """One reconcile round, pod by pod (the handler gives the loop a turn between slices of pods)."""
+
+    controller: _Controller
+    cgroups: CgroupFS | None
+    log: Any
+    report: ResctrlReconcileReport
+    known: dict[str, set[int]]  # per group: its tasks, read once a round
+
+    @classmethod
+    def begin(
+        cls, cgroups: CgroupFS | None, resctrl: ResctrlFS, settings_for: SettingsFor, state: ResctrlState, log: Any
+    ) -> _Round | None:
+        """The round after its groups are repaired; None when the plugin has no groups."""
+        controller = state.ensure(resctrl, settings_for, log)
+        if controller is None:
+            return None
+        report = ResctrlReconcileReport(schemata_repaired=controller.repair(controller.plan(settings_for), log))
+        known = {name: controller.fs.tasks(name) for name in controller.group_names} if cgroups is not None else {}
+        return cls(controller, cgroups, log, report, known)
+
+    def pod(self, pod: PodInfo) -> None:
+        """Move the pod's threads that are not in its class's group yet."""
+        group = self.controller.group_for(qos_of(pod).qos_class)
+        if self.cgroups is None or group is None or not pod.cgroup_parent:
+            return
         try:
-            tids = cgroup_threads(cgroups, pod.cgroup_parent)
+            tids = cgroup_threads(self.cgroups, pod.cgroup_parent)
         except (CgroupError, OSError) as exc:
-            log.warning("cannot read the pod's threads", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
-            continue
+            self.log.warning("cannot read the pod's threads", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
+            return
+        report = self.report
         report.pods += 1
-        moved, exited = controller.move(group, tids, log, known[group])
+        moved, exited = self.controller.move(group, tids, self.log, self.known[group])
         report.tasks_moved += moved
         report.tasks_exited += exited
-    if report.repaired:
-        log.info(
-            "resctrl reconciled",
-            schemata_repaired=report.schemata_repaired,
-            tasks_moved=report.tasks_moved,
-            pods=report.pods,
-        )
-    return report
+
+    def end(self) -> None:
+        report = self.report
+        if report.repaired:
+            self.log.info(
+                "resctrl reconciled",
+                schemata_repaired=report.schemata_repaired,
+                tasks_moved=report.tasks_moved,
+                pods=report.pods,
+            )

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks import runner as runner_mod
 from runtimeproxy.hooks.definition import never_suspends
 from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo
 
@@ -298,3 +299,23 @@ async def test_a_handler_without_await_runs_in_the_hook_call_and_one_with_await_
     assert result.applied == ["inline", "tasked"]
     assert tasks["inline"] is asyncio.current_task()
     assert tasks["tasked"] is not None and tasks["tasked"] is not asyncio.current_task()
+
+
+@pytest.mark.parametrize("per_pod", [0.0, 60.0], ids=["plugin-timeout-only", "with-the-per-pod-allowance"])
+async def test_a_reconcile_round_gets_its_plugins_timeout_plus_an_allowance_per_pod(
+    monkeypatch: pytest.MonkeyPatch, per_pod: float
+) -> None:
+    """A round walks every live pod (in slices: hooks/pacing.py), so it may outlast one hook call."""
+    monkeypatch.setattr(runner_mod, "RECONCILE_SECONDS_PER_POD", per_pod)
+    plugin = Plugin("p", timeout=0.01)
+
+    @plugin.reconcile
+    async def walk(*, pods: Any, **kwargs: Any) -> int:
+        await asyncio.sleep(0.05)  # past the plugin's own timeout
+        return len(pods)
+
+    report = await runner(plugin).reconcile_report(pods=[POD, POD])
+    if per_pod:
+        assert report.repaired == {"p": 2} and report.failures == []
+    else:
+        assert [(f.outcome, f.reason) for f in report.failures] == [("timeout", "no answer within 0.01s")]
