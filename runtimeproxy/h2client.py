@@ -80,20 +80,25 @@ _HTTP_CODES: Final[dict[str, StatusCode]] = {
 
 def timeout_header(seconds: float) -> str:
     """grpc-timeout for ``seconds``, rounded up, in the finest unit that fits 8 digits."""
-    value = math.ceil(seconds * 1e3)
-    if 0 < value <= _TIMEOUT_DIGITS_MAX:  # the usual case
-        return f"{value}m"
-    for unit, scale in (("m", 1e3), ("S", 1.0), ("M", 1 / 60), ("H", 1 / 3600)):
-        value = max(1, math.ceil(seconds * scale))
+    return _timeout_text(math.ceil(seconds * 1e3))
+
+
+def _timeout_text(millis: int) -> str:
+    """grpc-timeout for ``millis`` milliseconds (at least 1), in the finest unit that fits."""
+    if millis <= _TIMEOUT_DIGITS_MAX:  # the usual case
+        return f"{max(1, millis)}m"
+    for unit, per in (("S", 1_000), ("M", 60_000), ("H", 3_600_000)):
+        value = -(-millis // per)  # rounded up
         if value <= _TIMEOUT_DIGITS_MAX:
             return f"{value}{unit}"
     return f"{_TIMEOUT_DIGITS_MAX}H"
 
 
 # A channel calls a few methods (the hook points, the store's calls), each mostly with the same
-# timeout, rounded up to milliseconds: so most calls find their header block here.
+# timeout, rounded up to milliseconds: so most calls find their header block here, by the
+# milliseconds left (a hit runs no Python code at all).
 @functools.lru_cache(maxsize=256)
-def _request_headers(method: str, timeout: str) -> bytes:
+def _request_headers(method: str, millis: int) -> bytes:
     """A request's header block (literals: our encoder keeps no dynamic table)."""
     return encode_literal_block([
         (":method", "POST"),
@@ -102,7 +107,7 @@ def _request_headers(method: str, timeout: str) -> bytes:
         (":authority", "localhost"),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
-        ("grpc-timeout", timeout),
+        ("grpc-timeout", _timeout_text(millis)),
     ])
 
 
@@ -169,10 +174,6 @@ class _Connection(H2Peer[_Call]):
         while self.usable and len(self.streams) >= self.peer_max_streams:
             await self.wait_progress()
         return self.usable
-
-    def has_slot(self) -> bool:
-        """Whether a call can open a stream now, without waiting."""
-        return self.usable and len(self.streams) < self.peer_max_streams
 
     def _pop(self, stream_id: int) -> _Call | None:
         call = self.streams.pop(stream_id, None)
@@ -353,9 +354,10 @@ class H2Channel:
         deadline = loop.time() + timeout
         retries = 0
         while True:  # each attempt here, not in a coroutine of its own: a hook call's path is short
-            if connection is None or not connection.has_slot():
+            # Unless a call can open a stream on it now, without waiting:
+            if connection is None or not connection.usable or len(connection.streams) >= connection.peer_max_streams:
                 connection = await _by_deadline(self._slot(), deadline, timeout)
-            headers = _request_headers(method, timeout_header(deadline - loop.time()))
+            headers = _request_headers(method, math.ceil((deadline - loop.time()) * 1e3))
             stream_id, call = connection.open_stream()
             timer = loop.call_at(deadline, call.expire, timeout)
             try:

@@ -361,7 +361,8 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             self.send_window -= take
             stream.send_window -= take
             data = _pack_data_message(take >> 8, take & 0xFF, _DATA, 0 if tail else _END_STREAM, stream_id, 0, size)
-            self.write(head + data + message + tail)
+            if self.transport is not None and self.lost is None:  # write(), inlined: a call less
+                self.transport.write(head + data + message + tail)
             return True
         return False
 

@@ -373,6 +373,24 @@ def test_timeout_header_fits_eight_digits() -> None:
     assert timeout_header(1e12) == "99999999H"
 
 
+_UNITS_FINEST_FIRST = "mSMH"
+_UNIT_SECONDS = {"m": 1e-3, "S": 1.0, "M": 60.0, "H": 3600.0}
+_CLOSE = 1e-9  # relative slack for float products
+
+
+@given(st.floats(min_value=-1.0, max_value=1e13, allow_nan=False))
+def test_timeout_header_rounds_up_in_the_finest_unit_that_fits(seconds: float) -> None:
+    text = timeout_header(seconds)
+    value, unit = int(text[:-1]), text[-1]
+    assert 1 <= value <= 99_999_999 and unit in _UNITS_FINEST_FIRST
+    assert grpc_wire.parse_timeout(text) == value * _UNIT_SECONDS[unit]
+    if text != "99999999H":  # not capped: never shorter than asked, and less than a unit more
+        assert value * _UNIT_SECONDS[unit] >= seconds * (1 - _CLOSE)
+        assert value == 1 or (value - 1) * _UNIT_SECONDS[unit] < seconds * (1 + _CLOSE)
+    for finer in _UNITS_FINEST_FIRST[: _UNITS_FINEST_FIRST.index(unit)]:  # none would have fit
+        assert seconds / _UNIT_SECONDS[finer] > 99_999_999 * (1 - _CLOSE)
+
+
 def test_status_of_reads_ours_and_grpcs() -> None:
     theirs = grpc.aio.AioRpcError(grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(), "gone", None)
     assert status_of(theirs) == status_of(RpcError(5, "gone")) == StatusCode.NOT_FOUND

@@ -8,7 +8,9 @@ one line with everything the hooks did, and release the keys.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,13 +19,14 @@ import structlog
 from runtimeproxy import trace
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.dispatch import protocol
-from runtimeproxy.dispatch.dispatcher import Dispatcher, HookFailed, HookOutcome
+from runtimeproxy.dispatch.dispatcher import FINE_OUTCOMES, Dispatcher, HookFailed, HookOutcome
 from runtimeproxy.dispatch.hookpoints import HOOKS_BY_METHOD, CallHooks, HookKind, HookPoint
 from runtimeproxy.dispatch.limits import LOGGED_CHANGES_MAX
 from runtimeproxy.dispatch.protocol import CallFrame, ContainerView, PodView
+from runtimeproxy.dispatch.registry import HookServer
 from runtimeproxy.dispatch.sequencer import KeyedSequencer
 from runtimeproxy.dispatch.store import PodStore, StoreRebuilder, UnreadableObjectError
-from runtimeproxy.dispatch.store.entries import copy_message
+from runtimeproxy.dispatch.store.entries import SandboxEntry, copy_message
 from runtimeproxy.relay import grpc_wire
 from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo
@@ -65,7 +68,7 @@ class HookInterceptor:
     ) -> None:
         self.dispatcher = dispatcher
         self.store = store
-        self.loader = loader
+        self.loader = loader  # loads what ``store`` lacks into it: the store is asked first
         self.skip_label = skip_label
         self.skip_value = skip_value
         self.output_rules = output_rules or protocol.OutputRules()
@@ -115,8 +118,10 @@ class HookInterceptor:
             raise
         state = self._calls[id(call)] = _CallState(frame, keys, started, self._skipped(frame))
         point = _CALL_HOOKS[name].pre
-        if point is not None and not state.skipped and self.dispatcher.subscribed(point):
-            state.results += await self._run(point, state.frame, call.deadline)
+        if point is not None and not state.skipped:
+            servers = self.dispatcher.registry.servers_for(point)
+            if servers:
+                state.results += await self._run(point, servers, state.frame, call.deadline)
         if state.frame.mutable and state.frame.changes:
             _commit(state.frame)
             return bytes(state.frame.request.SerializeToString())
@@ -203,25 +208,25 @@ class HookInterceptor:
             frame.hook_request = None
         self._record(method.name, frame)
         point = _CALL_HOOKS[method.name].post
-        if point is not None and not state.skipped and self.dispatcher.subscribed(point):
-            state.results += await self._run(point, frame, None)
+        if point is not None and not state.skipped:
+            servers = self.dispatcher.registry.servers_for(point)
+            if servers:
+                state.results += await self._run(point, servers, frame, None)
 
-    async def _run(self, point: HookPoint, frame: CallFrame, deadline: float | None) -> list[HookOutcome]:
+    def _run(
+        self, point: HookPoint, servers: list[HookServer], frame: CallFrame, deadline: float | None
+    ) -> Awaitable[list[HookOutcome]]:
+        """Dispatcher.run itself (no coroutine of ours around it, resumed at each of its waits),
+        or with tracing on, wrapped to trace it."""
         pod_kind = point in POD_POINTS
         run = self.dispatcher.run(
             point,
-            lambda: _hook_request(frame, pod_kind),
-            lambda response: self._apply(frame, pod_kind, response),
+            functools.partial(_hook_request, frame, pod_kind),  # no lambda frame between
+            functools.partial(self._apply, frame, pod_kind),
             deadline,
+            servers,
         )
-        if not trace.ON:
-            return await run
-        began = trace.now()
-        try:
-            return await run
-        finally:
-            uid = frame.pod.config.metadata.uid if frame.pod is not None else ""
-            trace.event("proxy.hook", hook=point.value, uid=uid, began=began)
+        return run if not trace.ON else _traced(run, point, frame)
 
     def _apply(self, frame: CallFrame, pod_kind: bool, response: Any) -> list[str]:
         """Merge a hook's (non-empty) answer into the call's views; returns the changes made."""
@@ -254,7 +259,7 @@ class HookInterceptor:
             pod = PodView("", request.runtime_handler, request.config)
             return CallFrame(name, request, pod=pod, mutable=True)
         if name == "CreateContainer":
-            sandbox = await self.loader.ensure_sandbox(request.pod_sandbox_id)
+            sandbox = await self._sandbox(request.pod_sandbox_id)
             handler = sandbox.runtime_handler if sandbox is not None else ""
             pod = PodView(request.pod_sandbox_id, handler, request.sandbox_config)
             frame = CallFrame(name, request, pod=pod, container=ContainerView("", request.config), mutable=True)
@@ -269,7 +274,9 @@ class HookInterceptor:
         # Only an update writes into its views at once; the others read the store's own
         # configs until a hook answer is applied (_unshare).
         update = name == "UpdateContainerResources"
-        entry = await self.loader.ensure_container(request.container_id)
+        entry = self.store.container(request.container_id)
+        if entry is None:
+            entry = await self.loader.ensure_container(request.container_id)
         sandbox_id = entry.sandbox_id if entry is not None else ""
         pod = await self._pod_view(sandbox_id, update)
         container = ContainerView(request.container_id, _container_config(entry, update))
@@ -293,11 +300,17 @@ class HookInterceptor:
 
     async def _pod_view(self, sandbox_id: str, copy: bool) -> PodView:
         """The pod's view: a copy of its config, or with ``copy`` False the stored one itself."""
-        entry = await self.loader.ensure_sandbox(sandbox_id) if sandbox_id else None
+        entry = await self._sandbox(sandbox_id) if sandbox_id else None
         if entry is None:
             return PodView(sandbox_id, "", cri.PodSandboxConfig())
         config = _pod_config(entry)
         return PodView(sandbox_id, entry.runtime_handler, copy_message(config) if copy else config)
+
+    async def _sandbox(self, sandbox_id: str) -> SandboxEntry | None:
+        """The sandbox's entry: the loader's own store first (a call less per lookup), the loader
+        only for what the store lacks."""
+        entry = self.store.sandbox(sandbox_id)
+        return entry if entry is not None else await self.loader.ensure_sandbox(sandbox_id)
 
     def _record(self, name: str, frame: CallFrame) -> None:
         request, store = frame.request, self.store
@@ -313,6 +326,15 @@ class HookInterceptor:
             store.remove_container(request.container_id)
         elif name == "RemovePodSandbox":
             store.remove_sandbox(request.pod_sandbox_id)
+
+
+async def _traced(run: Awaitable[list[HookOutcome]], point: HookPoint, frame: CallFrame) -> list[HookOutcome]:
+    began = trace.now()
+    try:
+        return await run
+    finally:
+        uid = frame.pod.config.metadata.uid if frame.pod is not None else ""
+        trace.event("proxy.hook", hook=point.value, uid=uid, began=began)
 
 
 def _decode(call: CallContext, request: bytes) -> Any:
@@ -413,10 +435,6 @@ def _container_config(entry: Any, copy: bool) -> Any:
     )
 
 
-# Hook outcomes that are no problem: the call's line is logged at info level.
-_FINE = frozenset({"ok", "unimplemented"})
-
-
 def _log_call(name: str, state: _CallState, code: int, message: str, failed: HookOutcome | None) -> None:
     frame = state.frame
     pod = frame.pod.config.metadata if frame.pod is not None else None
@@ -424,7 +442,7 @@ def _log_call(name: str, state: _CallState, code: int, message: str, failed: Hoo
     hooks = []
     for result in state.results:  # one pass, no comprehension: this runs for every hooked call
         hooks.append(result.summary())
-        problem = problem or result.outcome not in _FINE
+        problem = problem or result.outcome not in FINE_OUTCOMES
     if failed is not None:
         hooks.append(failed.summary())
     # Each change is bounded already (limits.cut); so is how many a log line lists.

@@ -134,7 +134,7 @@ def test_an_empty_answer_changes_nothing_and_is_valid(
     envs: list[tuple[str, bytes]],
     current: cri.LinuxContainerResources,
 ) -> None:
-    """What dispatcher._call's shortcut for b"" assumes: the full path finds no problem and
+    """What Dispatcher.run's shortcut for b"" assumes: the full path finds no problem and
     changes nothing, whatever the views hold."""
     pod = PodView("s", "runc", config(parent, labels, notes))
     pod.config.linux.resources.CopyFrom(current)

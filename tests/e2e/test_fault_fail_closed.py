@@ -134,12 +134,17 @@ async def test_two_messages_on_one_unary_call_are_refused(bed: HookBed) -> None:
 
 
 def _break_store(bed: HookBed) -> None:
-    """Our own bug, simulated: the store fails whenever a container is looked up."""
+    """Our own bug, simulated: the store fails whenever a container is looked up (in the store
+    itself, which the interceptor reads first, and through the loader, for what it lacks)."""
     assert bed.layer is not None
 
-    async def broken(container_id: str) -> Any:
+    def crash(container_id: str) -> Any:
         raise RuntimeError(f"store lookup of {container_id} crashed")
 
+    async def broken(container_id: str) -> Any:
+        crash(container_id)
+
+    bed.layer.interceptor.store.container = crash  # type: ignore[method-assign]
     bed.layer.interceptor.loader.ensure_container = broken  # type: ignore[method-assign]
 
 
