@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cgroups import CgroupDriver, CgroupVersion
 from runtimeproxy.hooks.plugins import resctrl as resctrl_plugin
@@ -467,3 +470,44 @@ async def test_handlers_before_start_set_up_on_first_use(make_node: Any, spawn: 
     await node.started(pod, node.container(pod, "c1", tids))
     assert node.fake.tasks(BE) == tids
     assert node.fake.groups() == [BE, LS, LSR]
+
+
+# A small directory tree: each node is (has its own thread file, its thread ids, whether it is a
+# symlink to its sibling instead of a directory, its children).
+_TREES = st.recursive(
+    st.tuples(st.booleans(), st.lists(st.integers(1, 99999), max_size=3), st.just(False), st.just(())),
+    lambda children: st.tuples(st.booleans(), st.lists(st.integers(1, 99999), max_size=3), st.booleans(),
+                               st.lists(children, max_size=3).map(tuple)),
+    max_leaves=8,
+)
+
+
+def _build(where: Path, node: Any, name: str) -> None:
+    has_file, tids, _link, children = node
+    where.mkdir()
+    if has_file:
+        (where / name).write_text("".join(f"{tid}\n" for tid in tids))
+    for index, child in enumerate(children):
+        if child[2] and index:  # a link to the previous sibling: never followed
+            (where / f"link{index}").symlink_to(where / f"c{index - 1}")
+        else:
+            _build(where / f"c{index}", child, name)
+
+
+def _walked(top: str, name: str) -> set[int]:
+    """What cgroup_threads found below a cgroup before (os.walk, files listed)."""
+    found: set[int] = set()
+    for directory, _dirs, files in os.walk(top, followlinks=False):
+        if directory != top and name in files:
+            found |= resctrl_plugin._read_ids(os.path.join(directory, name))
+    return found
+
+
+@given(_TREES)
+@settings(max_examples=30, deadline=None)
+def test_the_threads_below_a_cgroup_are_those_a_full_walk_finds(tree: Any) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        top = Path(scratch) / "top"
+        _build(top, tree, "tasks")
+        assert resctrl_plugin._threads_below(str(top), "tasks") == _walked(str(top), "tasks")
+    assert resctrl_plugin._threads_below(str(top), "tasks") == set()  # gone: nothing below
