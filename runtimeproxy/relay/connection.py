@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import hpack
 import structlog
@@ -682,17 +682,19 @@ class RelayConnection:
 
     def _open_stream(self, sid: int, headers: HeaderList) -> Stream:
         self.last_client_stream = sid
-        # The block's method and whether the interceptor claims it, kept with the decoded
-        # block: a client sends the same bytes for each call of a method once its table is warm.
-        digest: tuple[MethodInfo, bool] | None = headers.digest
+        # The block's method and, for a call the interceptor claims, what its hooks are told of
+        # its headers, kept with the decoded block: a client sends the same bytes for each call
+        # of a method once its table is warm.
+        digest: tuple[MethodInfo, _HeldHeaders | None] | None = headers.digest
         if digest is None:
-            path = dict(headers).get(":path", "")  # a repeated field: the last one counts
-            method = self.options.methods.lookup(path)
-            digest = headers.digest = (method, self.options.intercepts(method))
-        method, claimed = digest
+            fields = dict(headers)  # a repeated field: the last one counts
+            method = self.options.methods.lookup(fields.get(":path", ""))
+            held = _HeldHeaders.of(headers, fields) if self.options.intercepts(method) else None
+            digest = headers.digest = (method, held)
+        method, held = digest
         stream: Stream
-        if claimed:
-            stream = self._open_held(sid, method, headers)
+        if held is not None:
+            stream = self._open_held(sid, method, held)
         else:
             stream = Stream(sid, method, time.perf_counter(), self.options.max_message_size)
         self.streams[sid] = stream
@@ -700,13 +702,10 @@ class RelayConnection:
             self._end_by_relay(stream, grpc_wire.UNIMPLEMENTED, self._misroute_reason(method))
         return stream
 
-    def _open_held(self, sid: int, method: MethodInfo, headers: HeaderList) -> HeldStream:
-        fields = dict(headers)  # a repeated field: the last one counts
-        timeout = fields.get("grpc-timeout")
-        seconds = grpc_wire.parse_timeout(timeout) if timeout else None
+    def _open_held(self, sid: int, method: MethodInfo, held: _HeldHeaders) -> HeldStream:
+        seconds = held.timeout
         deadline = None if seconds is None else self.c2u.running_loop().time() + seconds
-        metadata = [(k, v) for k, v in headers if not k.startswith(":")]
-        call = CallContext(method=method, metadata=metadata, deadline=deadline)
+        call = CallContext(method, held.metadata, deadline, held.encoding)
         self.claimed = True
         stream = HeldStream(sid, method, time.perf_counter(), self.options.max_message_size, call)
         stream.up_window = self.up_initial_window
@@ -1080,6 +1079,23 @@ class RelayConnection:
     @property
     def active_calls(self) -> int:
         return len(self.streams)
+
+
+class _HeldHeaders(NamedTuple):
+    """What a claimed call's hooks are told of its request headers, derived once per block."""
+
+    metadata: tuple[tuple[str, str], ...]  # pseudo-headers left out
+    timeout: float | None  # grpc-timeout, seconds
+    encoding: str  # grpc-encoding
+
+    @classmethod
+    def of(cls, headers: HeaderList, fields: dict[str, str]) -> _HeldHeaders:
+        timeout = fields.get("grpc-timeout")
+        return cls(
+            tuple((name, value) for name, value in headers if not name.startswith(":")),
+            grpc_wire.parse_timeout(timeout) if timeout else None,
+            fields.get("grpc-encoding", "identity"),
+        )
 
 
 def _table(handlers: dict[int, FrameHandler]) -> FrameTable:

@@ -9,6 +9,7 @@ response to ``after``. The relay itself never applies policy.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,16 +20,13 @@ from runtimeproxy.relay.methods import MethodInfo
 class CallContext:
     method: MethodInfo
     # Request metadata as sent by the caller (pseudo-headers left out).
-    metadata: list[tuple[str, str]] = field(default_factory=list)
+    metadata: Sequence[tuple[str, str]] = ()
     # Absolute deadline on the event loop's clock, from grpc-timeout; None when unset.
     deadline: float | None = None
+    # The request's message encoding (grpc-encoding), "identity" when none was named.
+    encoding: str = "identity"
     # Unique for the process's life (trace events name calls by it: an id() is reused).
     serial: int = field(default_factory=itertools.count(1).__next__)
-
-    @property
-    def encoding(self) -> str:
-        """The request's message encoding (grpc-encoding), "identity" when none was named."""
-        return next((value for name, value in self.metadata if name == "grpc-encoding"), "identity")
 
 
 @dataclass(frozen=True, slots=True)

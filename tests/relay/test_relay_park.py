@@ -17,6 +17,7 @@ import asyncio
 
 import hpack
 import pytest
+from fake_runtime import grpc_request_headers
 from relay_pair import VERSION, Pair, message
 
 from runtimeproxy.relay import connection, frames, grpc_wire
@@ -363,3 +364,30 @@ async def test_a_bug_reading_the_held_request_refuses_the_call(monkeypatch: pyte
     assert pair.backend.writes == [headers + frames.rst_stream(1, frames.CANCEL)]
     assert pair.observed == [(VERSION, grpc_wire.INTERNAL)]
     assert b"proxy hook layer failed: KeyError" in pair.client.writes[0]
+
+
+async def test_each_call_of_a_repeated_header_block_gets_its_own_deadline_and_the_same_metadata() -> None:
+    """What the hooks are told of a request's headers is derived once per header block (a client
+    repeats the same bytes call after call), except the deadline, which starts with each call."""
+    seen: list[CallContext] = []
+
+    class Recorder(Gate):
+        async def before(self, call: CallContext, request: bytes) -> bytes:
+            seen.append(call)
+            return request
+
+    pair = Pair(interceptor=Recorder())
+    encoder = hpack.Encoder()
+    extra = [("grpc-timeout", "20S"), ("x-trace", "a"), ("grpc-encoding", "identity")]
+    block = encoder.encode(grpc_request_headers(VERSION, extra))
+    again = encoder.encode(grpc_request_headers(VERSION, extra))  # indexed now: other bytes, same headers
+    loop = asyncio.get_running_loop()
+    for sid, headers in ((1, block), (3, again), (5, again)):
+        pair.conn.client_data(frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS, sid, headers) + message(sid, b"q"))
+        await turns()
+        assert 19.9 < seen[-1].deadline - loop.time() <= 20.0  # type: ignore[operator]
+        await asyncio.sleep(0.01)
+    sent = (("content-type", "application/grpc"), ("te", "trailers"), *extra)  # all but pseudo-headers
+    assert [call.metadata for call in seen] == [sent] * 3
+    assert [call.encoding for call in seen] == ["identity"] * 3
+    assert seen[0].deadline < seen[1].deadline < seen[2].deadline  # type: ignore[operator]
