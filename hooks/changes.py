@@ -77,13 +77,8 @@ class ResourceChanges:
         return [f"resources: {problem}" for problem in limits.validate_resources(message)]
 
 
-def _empty_resources(resources: ResourceChanges) -> bool:
-    """Whether ``resources`` holds exactly what a new ResourceChanges does: the same attributes,
-    equal values of the very same types ("0 of type int": False or 0.0 are problems, not zeros)."""
-    values = vars(resources)
-    return values == _EMPTY_VALUES and tuple(map(type, values.values())) == _EMPTY_TYPES
-
-
+# What a new ResourceChanges holds, attribute by attribute, and the very types of its values:
+# HookResponse.untouched compares with both ("0 of type int": False or 0.0 are problems, not zeros).
 _EMPTY_VALUES: dict[str, Any] = dict(vars(ResourceChanges()))
 _EMPTY_TYPES = tuple(map(type, _EMPTY_VALUES.values()))
 
@@ -179,7 +174,9 @@ class HookResponse:
             and not labels
             and type(env._values) is dict
             and not env._values
-            and _empty_resources(resources)
+            # resources as new: the same attributes, equal values of the same types (_EMPTY_VALUES)
+            and (values := vars(resources)) == _EMPTY_VALUES
+            and tuple(map(type, values.values())) == _EMPTY_TYPES
         )
 
     def __repr__(self) -> str:

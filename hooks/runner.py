@@ -11,7 +11,12 @@ logged and handled by the plugin's failure policy as a failing handler would be.
 
 A reconcile handler gets every live pod at once and may walk them in slices (hooks/pacing.py),
 so it may take longer than one hook call: its timeout is the plugin's plus
-RECONCILE_SECONDS_PER_POD for each pod it is given."""
+RECONCILE_SECONDS_PER_POD for each pod it is given.
+
+What follows from the policy in force and the runner alone (each plugin's settings for a class,
+whether it is skipped, its handler's fixed arguments) is worked out once per hook point and class
+(PluginRunner._plan) and again whenever the policy, the context or the enabled plugins change;
+a hook call adds only its pod, container, response and logger."""
 
 from __future__ import annotations
 
@@ -26,13 +31,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from runtimeproxy import trace
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 from runtimeproxy.logs import debug_enabled
 from runtimeproxy.metrics import CallCollector, CallFamilies
 
@@ -160,6 +165,24 @@ class _SyncCall:
     hung: bool = False
 
 
+class _Step(NamedTuple):
+    """One plugin in a hook call's plan (PluginRunner._plan)."""
+
+    plugin: Plugin
+    handler: Handler
+    skip: str  # why it is not called ("" when it is): PluginRunner.skip_reason
+    given: dict[str, Any]  # its handler's arguments, the per-call ones as None placeholders
+    key: tuple[str, str]  # its name and the hook: the metrics' labels
+
+
+class _Plan(NamedTuple):
+    """What a hook call at one point does for one class under one policy."""
+
+    kind: HookKind
+    hook: str  # the point's value
+    steps: tuple[_Step, ...]
+
+
 class _Stage(enum.Enum):
     START = "start"
     STOP = "stop"
@@ -211,6 +234,10 @@ class PluginRunner:
         self._odd_returns: set[str] = set()  # plugins warned about their reconcile return value
         self._states: dict[str, Any] = {}  # per plugin: what its state factory made, once
         self._state_failures: list[PluginFailure] = []
+        # run()'s plans (by point and class) for the policy and context they were made with.
+        self._plans: dict[tuple[HookPoint, QoSClass], _Plan] = {}
+        self._planned_policy: policy_mod.Policy | None = None
+        self._planned_context: ServerContext | None = None
         enabled = [available[name] for name in wanted - disabled]
         self._set_enabled(plugin for plugin in enabled if self._make_state(plugin))
 
@@ -275,6 +302,7 @@ class PluginRunner:
             point: tuple((plugin, _handler(plugin, point)) for plugin in plugins)
             for point, plugins in self._by_point.items()
         }
+        self._plans = {}
 
     @property
     def hook_points(self) -> frozenset[HookPoint]:
@@ -300,53 +328,45 @@ class PluginRunner:
     ) -> RunResult:
         """Run ``point``'s handlers; the merged response. HookCallFailed when a "fail" plugin fails."""
         resolution = qos if qos is not None else qos_of(pod, container)
-        policy = self.context.policy()
-        kind = point.kind
-        result = RunResult(HookResponse(kind))
-        qos_class = resolution.qos_class
         context = self.context
-        hook = point.value  # an enum's value is a property: read once, not per plugin
-        bound = {"hook": hook, "pod": f"{pod.namespace}/{pod.name}"}
+        policy = context.policy()
+        plan = self._plan(point, resolution.qos_class, policy, context)
+        kind = plan.kind
+        result = RunResult(HookResponse(kind))
+        bound = {"hook": plan.hook, "pod": f"{pod.namespace}/{pod.name}"}
         if container is not None:
             bound["container"] = container.name
-        pod = self._view(pod, policy, "info", bound)
+        pod, withheld = plugin_view(pod, context.cgroups, policy)
+        if withheld:
+            _say_withheld(withheld, "info", bound)
         owners: FieldOwners | None = None  # made when a plugin changes something (few do)
-        for plugin, handler in self._handlers[point]:
-            section = policy.section(plugin.settings_spec) if plugin.settings_spec is not None else None
-            settings = section.for_class(qos_class) if section is not None else None
-            skip = self._skip_reason(plugin, qos_class, settings)
+        for plugin, handler, skip, given, key in plan.steps:
             if skip:
                 _not_called(result, plugin, skip, bound)
                 continue
             response = HookResponse(kind)
-            kwargs: dict[str, Any] = {
-                "hook": point,
+            # The per-call arguments fill the places ``given`` holds for them (the same key order).
+            kwargs = {
+                **given,
                 "pod": pod,
                 "container": container,
-                "qos": qos_class,
                 "qos_resolution": resolution,
-                "settings": settings,
-                **self._settings_kwargs(plugin, section),
                 "response": response,
-                "cgroups": context.cgroups,
-                "resctrl": context.resctrl,
                 "log": _PluginLog(plugin.name, bound),
-                "plugin": plugin,
-                "dry_run": context.dry_run,
             }
             outcome: Outcome = "ok"
             reason = ""
             wanted: Any = True
             if handler.when is not None:  # a failed predicate is the plugin's failed call (below)
-                outcome, reason, wanted = self._filter(plugin, handler, hook, kwargs)
+                outcome, reason, wanted = self._filter(key, handler, kwargs)
             if outcome == "ok" and not wanted:  # no coroutine, no task: as if skipped
                 _not_called(result, plugin, filtered_reason(handler), bound)
                 continue
             if outcome == "ok":
                 if handler.never_suspends:  # most handlers: no coroutine of the runner's own either
-                    outcome, reason, _ = self._call_now(plugin, handler, hook, kwargs)
+                    outcome, reason, _ = self._call_now(key, handler, kwargs)
                 else:
-                    outcome, reason, _ = await self._call(plugin, handler, hook, kwargs)
+                    outcome, reason, _ = await self._call(plugin, handler, plan.hook, kwargs)
             if outcome == "ok" and response.untouched():  # nothing to check, merge or own
                 result.applied.append(plugin.name)
                 continue
@@ -361,12 +381,47 @@ class PluginRunner:
                 result.response.merge(response)
                 result.applied.append(plugin.name)
                 continue
-            failure = PluginFailure(plugin.name, hook, outcome, reason, plugin.failure_policy)
+            failure = PluginFailure(plugin.name, plan.hook, outcome, reason, plugin.failure_policy)
             self._log_failure(failure, bound)
             if plugin.failure_policy == "fail":
                 raise HookCallFailed(failure)
             result.failures.append(failure)
         return result
+
+    def _plan(self, point: HookPoint, qos: QoSClass, policy: policy_mod.Policy, context: ServerContext) -> _Plan:
+        """What ``run`` does at ``point`` for a pod of class ``qos``: made once per policy in force
+        (and context), as everything in it follows from them, not from the pod."""
+        if policy is not self._planned_policy or context is not self._planned_context:
+            self._plans = {}
+            self._planned_policy, self._planned_context = policy, context
+        try:
+            return self._plans[point, qos]
+        except KeyError:
+            pass
+        hook = point.value
+        steps = []
+        for plugin, handler in self._handlers[point]:
+            spec = plugin.settings_spec
+            section = policy.section(spec) if spec is not None else None
+            settings = section.for_class(qos) if section is not None else None
+            given: dict[str, Any] = {
+                "hook": point,
+                "pod": None,
+                "container": None,
+                "qos": qos,
+                "qos_resolution": None,
+                "settings": settings,
+                **self._settings_kwargs(plugin, section),
+                "response": None,
+                "cgroups": context.cgroups,
+                "resctrl": context.resctrl,
+                "log": None,
+                "plugin": plugin,
+                "dry_run": context.dry_run,
+            }
+            steps.append(_Step(plugin, handler, self._skip_reason(plugin, qos, settings), given, (plugin.name, hook)))
+        plan = self._plans[point, qos] = _Plan(point.kind, hook, tuple(steps))
+        return plan
 
     async def start(self) -> list[PluginFailure]:
         """Call the on_start handlers. A failing "ignore" plugin is disabled (returned in the
@@ -444,8 +499,7 @@ class PluginRunner:
         """``pod`` as the plugins see it (hooks/podview.py), each withheld part said at ``level`` (the
         logger's method looked up only then: each lookup binds a logger)."""
         view, withheld = plugin_view(pod, self.context.cgroups, policy)
-        for reason in withheld:
-            getattr(log, level)("withheld from the plugins", reason=reason, **bound)
+        _say_withheld(withheld, level, bound)
         return view
 
     def _called_for(self, plugin: Plugin, pods: tuple[PodInfo, ...]) -> tuple[PodInfo, ...]:
@@ -487,19 +541,21 @@ class PluginRunner:
     ) -> _Called:
         """Outcome, reason and (when "ok") the handler's return value, within ``timeout`` seconds
         (default: the plugin's)."""
+        key = (plugin.name, hook)
         if handler.never_suspends:
-            return self._call_now(plugin, handler, hook, kwargs)
+            return self._call_now(key, handler, kwargs)
         started = time.perf_counter()
         limit = plugin.timeout if timeout is None else timeout
         if handler.is_async:
             called = await self._call_async(plugin, handler, kwargs, limit)
         else:
             called = await self._call_sync(plugin, handler, kwargs, limit)
-        return self._counted(plugin, hook, called, started)
+        return self._counted(key, called, started)
 
-    def _call_now(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
+    def _call_now(self, key: tuple[str, str], handler: Handler, kwargs: dict[str, Any]) -> _Called:
         """``_call`` for an async handler that cannot suspend (Handler.never_suspends): run to its end
-        at once, in a copy of the current context as a task would (its context changes stay its own)."""
+        at once, in a copy of the current context as a task would (its context changes stay its own).
+        ``key``: the plugin's name and the hook, as the metrics label the call."""
         started = time.perf_counter()
         try:
             coro = handler.fn(**kwargs)  # raises only for a call that does not fit its signature
@@ -513,9 +569,14 @@ class PluginRunner:
         else:  # cannot happen for a body without await; never leave it half run
             coro.close()
             called = ("error", "suspended although its body has no await", None)
-        return self._counted(plugin, hook, called, started)
+        # _counted, inlined: this runs for every plugin of every hook call.
+        seconds = time.perf_counter() - started
+        self.metrics.calls.record(key, called[0], seconds)
+        if trace.ON:
+            trace.event("hooks.plugin", plugin=key[0], hook=key[1], outcome=called[0], seconds=seconds)
+        return called
 
-    def _filter(self, plugin: Plugin, handler: Handler, hook: str, kwargs: dict[str, Any]) -> _Called:
+    def _filter(self, key: tuple[str, str], handler: Handler, kwargs: dict[str, Any]) -> _Called:
         """What ``handler``'s when= predicate answers: ("ok", "", whether to call the handler), or
         ("error", reason, None) when it raised or answered an awaitable (counted as the plugin's
         call, which then fails). A false answer is not counted: the plugin is not called."""
@@ -530,14 +591,15 @@ class PluginRunner:
                 raise _ReturnedAwaitable("returned an awaitable: a predicate is a plain function")
             return "ok", "", bool(answer)
         except Exception as exc:
-            return self._counted(plugin, hook, ("error", f"when={handler.when_name}: {_reason(exc)}", None), started)
+            return self._counted(key, ("error", f"when={handler.when_name}: {_reason(exc)}", None), started)
 
-    def _counted(self, plugin: Plugin, hook: str, called: _Called, started: float) -> _Called:
-        """``called``, recorded in the metrics (and the trace) as a call that began at ``started``."""
+    def _counted(self, key: tuple[str, str], called: _Called, started: float) -> _Called:
+        """``called``, recorded in the metrics (and the trace) as a call of ``key`` (plugin, hook)
+        that began at ``started``."""
         seconds = time.perf_counter() - started
-        self.metrics.calls.record((plugin.name, hook), called[0], seconds)
+        self.metrics.calls.record(key, called[0], seconds)
         if trace.ON:  # bench/pod_timeline.py: each plugin's part of a hook call
-            trace.event("hooks.plugin", plugin=plugin.name, hook=hook, outcome=called[0], seconds=seconds)
+            trace.event("hooks.plugin", plugin=key[0], hook=key[1], outcome=called[0], seconds=seconds)
         return called
 
     async def _call_async(self, plugin: Plugin, handler: Handler, kwargs: dict[str, Any], timeout: float) -> _Called:
@@ -665,6 +727,12 @@ def filtered_reason(handler: Handler | None) -> str:
 
 def _no_close() -> None:
     """``close`` of an awaitable that has none."""
+
+
+def _say_withheld(withheld: Iterable[str], level: Literal["info", "debug"], bound: Mapping[str, str]) -> None:
+    """Log each part of a pod withheld from the plugins (hooks/podview.py) at ``level``."""
+    for reason in withheld:
+        getattr(log, level)("withheld from the plugins", reason=reason, **bound)
 
 
 def _not_called(result: RunResult, plugin: Plugin, reason: str, bound: Mapping[str, str]) -> None:

@@ -134,11 +134,8 @@ def pod_from_container_request(request: Any) -> PodInfo:
 def _pod_info(request: Any, prefix: str) -> PodInfo:
     """The pod fields of a hook request; container requests name them ``pod_labels`` etc."""
     meta = request.pod_meta
-
-    def resources(name: str) -> Any:
-        field = prefix + name
-        return resources_from_proto(getattr(request, field)) if request.HasField(field) else None
-
+    # The optional resource messages inline, no closure: this runs in every hook call.
+    resources, overhead = prefix + "resources", prefix + "overhead"
     return PodInfo(
         name=meta.name,
         namespace=meta.namespace,
@@ -149,8 +146,8 @@ def _pod_info(request: Any, prefix: str) -> PodInfo:
         annotations=frozen_map(getattr(request, prefix + "annotations")),
         cgroup_parent=getattr(request, prefix + "cgroup_parent"),
         runtime_handler=request.runtime_handler,
-        resources=resources("resources"),
-        overhead=resources("overhead"),
+        resources=resources_from_proto(getattr(request, resources)) if request.HasField(resources) else None,
+        overhead=resources_from_proto(getattr(request, overhead)) if request.HasField(overhead) else None,
     )
 
 
