@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
-__all__ = ["FORMATS", "LEVELS", "configure_logging", "debug_enabled", "flush", "get_logger"]
+__all__ = ["FORMATS", "LEVELS", "cached_logger", "configure_logging", "debug_enabled", "flush", "get_logger"]
 
 LEVELS: dict[str, int] = {
     "debug": logging.DEBUG,
@@ -178,9 +178,13 @@ def _dumps(obj: Any, *, default: Callable[[Any], Any]) -> str:
 class _PriorityJSONRenderer:
     """JSON renderer that prefixes the journald priority of the event's level.
 
-    The text of structlog's ``JSONRenderer()`` (same fallback for objects JSON has no type for)."""
+    The text of structlog's ``format_exc_info`` then ``JSONRenderer()`` (same fallback for
+    objects JSON has no type for). format_exc_info runs only for a line with ``exc_info``: it
+    pops that key and does nothing else, so the other lines skip its 3 calls each."""
 
     def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> str:
+        if "exc_info" in event_dict:
+            event_dict = structlog.processors.format_exc_info(logger, name, event_dict)
         prefix = _PRIORITY_PREFIX.get(event_dict.get("level", ""), _DEFAULT_PREFIX)
         return prefix + _dumps(event_dict, default=_json_fallback)
 
@@ -200,23 +204,23 @@ _json_fallback: Callable[[Any], Any] = getattr(structlog.processors, "_json_fall
 class _UTCStamper:
     """``TimeStamper(fmt="iso", utc=True)`` with the same text, rendering the date and time once
     per second: ``datetime.now(utc).isoformat()`` with "+00:00" as "Z", whose microseconds are
-    left out when they are 0 (datetime.now floors the system clock to microseconds, as here)."""
+    left out when they are 0 (datetime.now floors the system clock to microseconds, as here).
+    One function per line, no helper calls: it runs for every line."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
+        self._clock = clock  # nanoseconds since the epoch; tests pass their own readings
         self._second: tuple[int, str] = (-1, "")  # replaced whole: threads read a consistent pair
 
     def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
-        event_dict["timestamp"] = self.render(time.time_ns())
-        return event_dict
-
-    def render(self, ns: int) -> str:
-        us = ns // 1000
-        second, micro = divmod(us, 1_000_000)
+        us = self._clock() // 1000
+        second = us // 1_000_000
+        micro = us - second * 1_000_000
         cached, text = self._second
         if cached != second:
             text = datetime.datetime.fromtimestamp(second, datetime.UTC).isoformat()[:-6]  # "+00:00"
             self._second = (second, text)
-        return f"{text}.{micro:06d}Z" if micro else text + "Z"
+        event_dict["timestamp"] = f"{text}.{micro:06d}Z" if micro else text + "Z"
+        return event_dict
 
 
 def _parse_level(level: str) -> int:
@@ -248,7 +252,7 @@ def _processors(fmt: str) -> list[Processor]:
     if fmt == "console":
         # ConsoleRenderer formats exc_info itself (and warns if it was pre-formatted).
         return [*shared, structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())]
-    return [*shared, structlog.processors.format_exc_info, _PriorityJSONRenderer()]
+    return [*shared, _PriorityJSONRenderer()]  # it formats exc_info itself
 
 
 def configure_logging(level: str = "info", fmt: str = "json") -> None:
@@ -264,7 +268,8 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         context_class=dict,
         # Not cached: a cached module-level logger would keep this configuration for good,
         # so a later configure_logging (or structlog.testing.capture_logs) would not reach it.
-        # Hot paths ask debug_enabled() before building a debug line instead.
+        # Hot paths use cached_logger() (checked per line) and ask debug_enabled() before
+        # building a debug line.
         cache_logger_on_first_use=False,
     )
     _min_level = min_level
@@ -273,10 +278,50 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
 def get_logger(name: str) -> FilteringBoundLogger:
     """Return a logger whose lines carry ``"logger": name``.
 
-    Safe at import time: structlog's lazy proxy picks up the configuration on first use.
+    Safe at import time: structlog's lazy proxy picks up the configuration on first use (and
+    builds a bound logger per line: a hot path asks cached_logger(name) per line instead).
     """
     logger: FilteringBoundLogger = structlog.get_logger(name)
     return logger
+
+
+# What a bound logger is built from (structlog.get_config() keys); a configure() that replaces
+# any of them makes the loggers built before it stale.
+_BUILT_FROM = ("processors", "wrapper_class", "logger_factory", "context_class")
+# The configuration (as get_config() gave it) the loggers were built from, and the loggers by
+# name. Replaced whole on a change, so a logger built from another configuration never lands
+# in the new dict.
+_cache: tuple[dict[str, Any], dict[str, FilteringBoundLogger]] = (dict.fromkeys(_BUILT_FROM, object()), {})
+
+
+def cached_logger(name: str) -> FilteringBoundLogger:
+    """``get_logger(name)``'s logger assembled once per structlog configuration, not per line.
+
+    For hot paths, asked per line (never kept: it is only valid for the configuration it was
+    built from). structlog's lazy proxy builds a new bound logger and wrapped logger on every
+    line; this checks the configuration through the public ``structlog.get_config()`` by
+    identity: capture_logs edits the processors list in place, which a cached logger shares,
+    and configure() with new objects (configure_logging, reset_defaults) builds anew.
+    """
+    config = structlog.get_config()
+    built, loggers = _cache
+    for key in _BUILT_FROM:
+        if config[key] is not built[key]:
+            loggers = _new_cache(config)
+            break
+    try:
+        return loggers[name]
+    except KeyError:  # structlog's own assembly: the lazy proxy's bind()
+        logger: FilteringBoundLogger = structlog.get_logger(name).bind()
+        loggers[name] = logger  # two threads may both build one: the last one stays, both are good
+        return logger
+
+
+def _new_cache(config: dict[str, Any]) -> dict[str, FilteringBoundLogger]:
+    global _cache
+    loggers: dict[str, FilteringBoundLogger] = {}
+    _cache = (config, loggers)
+    return loggers
 
 
 def debug_enabled() -> bool:

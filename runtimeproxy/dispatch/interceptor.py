@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from runtimeproxy import trace
+from runtimeproxy import logs, trace
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.dispatch import protocol
 from runtimeproxy.dispatch.dispatcher import FINE_OUTCOMES, Dispatcher, HookFailed, HookOutcome
@@ -31,7 +31,8 @@ from runtimeproxy.relay import grpc_wire
 from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo
 
-log = structlog.get_logger("runtimeproxy.hooks")
+_LOG_NAME = "runtimeproxy.hooks"
+log = structlog.get_logger(_LOG_NAME)
 
 RUNTIME_SERVICE = "runtime.v1.RuntimeService"
 DEFAULT_SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
@@ -462,4 +463,5 @@ def _log_call(name: str, state: _CallState, code: int, message: str, failed: Hoo
         fields["skipped"] = "skip label"
     if code != grpc_wire.OK:
         fields["error"] = message
-    (log.warning if problem else log.info)("lifecycle call", **fields)
+    line = logs.cached_logger(_LOG_NAME)  # log's logger, not rebuilt per line as the lazy proxy does
+    (line.warning if problem else line.info)("lifecycle call", **fields)
