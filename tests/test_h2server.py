@@ -384,12 +384,18 @@ async def test_a_client_cancel_cancels_the_handler() -> None:
 
 @both_loops
 async def test_a_hundred_concurrent_calls_on_one_connection_and_several_connections() -> None:
-    async def slow(request: bytes, info: CallInfo) -> bytes:
-        await asyncio.sleep(0.02)
+    all_in = asyncio.Event()
+
+    async def together(request: bytes, info: CallInfo) -> bytes:
+        # Each call waits until a hundred run at once (not a fixed sleep: on a loaded machine the
+        # first calls could end before the last arrive), so ``most`` proves they overlapped.
+        if calls.running >= 100:
+            all_in.set()
+        await asyncio.wait_for(all_in.wait(), 10)
         return request
 
     async with serving() as (_, calls, path):
-        calls.behaviour = slow
+        calls.behaviour = together
         async with channel(path) as ours:
             answers = await asyncio.gather(*(ours.unary(METHOD, b"%d" % n, 10) for n in range(100)))
             assert answers == [b"%d" % n for n in range(100)] and calls.most == 100
