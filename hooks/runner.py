@@ -336,9 +336,7 @@ class PluginRunner:
         bound = {"hook": plan.hook, "pod": f"{pod.namespace}/{pod.name}"}
         if container is not None:
             bound["container"] = container.name
-        pod, withheld = plugin_view(pod, context.cgroups, policy)
-        if withheld:
-            _say_withheld(withheld, "info", bound)
+        pod = self._view(pod, policy, "info", bound)
         owners: FieldOwners | None = None  # made when a plugin changes something (few do)
         for plugin, handler, skip, given, key in plan.steps:
             if skip:
@@ -499,7 +497,8 @@ class PluginRunner:
         """``pod`` as the plugins see it (hooks/podview.py), each withheld part said at ``level`` (the
         logger's method looked up only then: each lookup binds a logger)."""
         view, withheld = plugin_view(pod, self.context.cgroups, policy)
-        _say_withheld(withheld, level, bound)
+        for reason in withheld:
+            getattr(log, level)("withheld from the plugins", reason=reason, **bound)
         return view
 
     def _called_for(self, plugin: Plugin, pods: tuple[PodInfo, ...]) -> tuple[PodInfo, ...]:
@@ -569,12 +568,7 @@ class PluginRunner:
         else:  # cannot happen for a body without await; never leave it half run
             coro.close()
             called = ("error", "suspended although its body has no await", None)
-        # _counted, inlined: this runs for every plugin of every hook call.
-        seconds = time.perf_counter() - started
-        self.metrics.calls.record(key, called[0], seconds)
-        if trace.ON:
-            trace.event("hooks.plugin", plugin=key[0], hook=key[1], outcome=called[0], seconds=seconds)
-        return called
+        return self._counted(key, called, started)
 
     def _filter(self, key: tuple[str, str], handler: Handler, kwargs: dict[str, Any]) -> _Called:
         """What ``handler``'s when= predicate answers: ("ok", "", whether to call the handler), or
@@ -727,12 +721,6 @@ def filtered_reason(handler: Handler | None) -> str:
 
 def _no_close() -> None:
     """``close`` of an awaitable that has none."""
-
-
-def _say_withheld(withheld: Iterable[str], level: Literal["info", "debug"], bound: Mapping[str, str]) -> None:
-    """Log each part of a pod withheld from the plugins (hooks/podview.py) at ``level``."""
-    for reason in withheld:
-        getattr(log, level)("withheld from the plugins", reason=reason, **bound)
 
 
 def _not_called(result: RunResult, plugin: Plugin, reason: str, bound: Mapping[str, str]) -> None:

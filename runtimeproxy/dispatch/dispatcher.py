@@ -162,7 +162,6 @@ class Dispatcher:
         call is awaited here, in no coroutine of its own: this runs for every hook call, cold.
         """
         results: list[HookOutcome] = []
-        record = self.metrics.calls.record if self.metrics is not None else None
         path, response_type = _RPCS[point]
         for server in self.registry.servers_for(point) if servers is None else servers:
             request = build_request()
@@ -184,8 +183,8 @@ class Dispatcher:
             outcome, error, changes = found
             result = HookOutcome(server.name, point, outcome, time.perf_counter() - started, error, changes)
             results.append(result)
-            if record is not None:  # HookMetrics.record's body: a call less per hook call
-                record((server.name, point), outcome, result.seconds)
+            if self.metrics is not None:
+                self.metrics.record(result)
             if outcome in FINE_OUTCOMES:
                 continue
             if point.stage == "pre" and server.failure_policy == FailurePolicy.FAIL:
