@@ -27,7 +27,10 @@ slightly, e.g. "mask f7 has non-consecutive 1-bits" in the doc):
   ("No task N"); moving a task removes it from its previous group;
 * mkdir past ``num_closids - 1`` groups fails with ENOSPC ("Out of CLOSIDs"); new groups
   start with the full mask and 100% bandwidth; rmdir gives the tasks back to the root group;
-* a write longer than a page fails with E2BIG (kernfs ``atomic_write_len``).
+* a write longer than a page fails with E2BIG (kernfs ``atomic_write_len``);
+* a read sees a whole file, old or new, never one half rendered: each file is written under a
+  temporary name and renamed over the old one (a kernel read is a snapshot; another process
+  reading while this one renders would otherwise find a file emptied by the truncate).
 
 Not modelled: exclusive/pseudo-locked modes, ``cpus`` writes, monitor groups, RMID limits,
 ``mba_MBps``. The root group's ``tasks`` lists only tasks given back by a removed group,
@@ -258,6 +261,13 @@ def _cpulist(cpus: Iterable[int]) -> str:
     return ",".join(ranges)
 
 
+def _publish(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one rename, so that no reader sees it half written."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_native_id()}.rendering")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
 def _task_exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
@@ -446,6 +456,7 @@ class FakeResctrl:
 
     def _write_tasks(self, group: str, data: bytes) -> None:
         self._status = ""
+        changed = {group}  # only these files are rendered again: the others list the same tasks
         try:
             buf: str | None = data.decode("latin-1")
             while buf and buf[0] not in ("\0", "\n"):
@@ -460,12 +471,13 @@ class FakeResctrl:
                 task = pid or threading.get_native_id()  # 0 is the writing task itself
                 if not _task_exists(task):
                     raise FakeKernelError(errno.ESRCH, f"No task {pid}\nError while processing task {pid}\n")
-                for other in self._groups.values():
+                for name, other in self._groups.items():
                     if task in other.tasks:
                         other.tasks.remove(task)
+                        changed.add(name)
                 self._groups[group].tasks.append(task)
         finally:  # tasks moved before a failing one stay moved, as in the kernel
-            for name in self._groups:
+            for name in changed:
                 self._render_tasks(name)
         self._render_status()
 
@@ -485,17 +497,17 @@ class FakeResctrl:
 
     def _render_tasks(self, group: str) -> None:
         tasks = self._groups[group].tasks
-        (self._group_dir(group) / "tasks").write_text("".join(f"{t}\n" for t in tasks))
+        _publish(self._group_dir(group) / "tasks", "".join(f"{t}\n" for t in tasks))
 
     def _render_group(self, group: str) -> None:
         d = self._group_dir(group)
         cpus = range(self.ncpus) if group == _ROOT else range(0)
         self._render_tasks(group)
-        (d / "cpus").write_text(_cpumask(cpus, self.ncpus) + "\n")
-        (d / "cpus_list").write_text(_cpulist(cpus) + "\n")
-        (d / "schemata").write_text(self._schemata_text(group))
-        (d / "size").write_text(self._schemata_text(group, sizes=True))
-        (d / "mode").write_text("shareable\n")
+        _publish(d / "cpus", _cpumask(cpus, self.ncpus) + "\n")
+        _publish(d / "cpus_list", _cpulist(cpus) + "\n")
+        _publish(d / "schemata", self._schemata_text(group))
+        _publish(d / "size", self._schemata_text(group, sizes=True))
+        _publish(d / "mode", "shareable\n")
         if self.mon:
             (d / "mon_groups").mkdir(exist_ok=True)
             domains = next((r.domain_ids for r in reversed(self.resources.values())), ())
@@ -503,7 +515,7 @@ class FakeResctrl:
                 mon = d / "mon_data" / f"mon_L3_{dom:02d}"
                 mon.mkdir(parents=True, exist_ok=True)
                 for event in ("llc_occupancy", "mbm_total_bytes", "mbm_local_bytes"):
-                    (mon / event).write_text("0\n")
+                    _publish(mon / event, "0\n")
 
     def _render_bit_usage(self) -> None:
         for res in self.resources.values():
@@ -520,10 +532,10 @@ class FakeResctrl:
                     hwb, swb = hw >> i & 1, sw >> i & 1
                     bits.append("X" if hwb and swb else "H" if hwb else "S" if swb else "0")
                 shown.append(f"{dom}={''.join(bits)}")
-            (self.root / "info" / res.name / "bit_usage").write_text(";".join(shown) + "\n")
+            _publish(self.root / "info" / res.name / "bit_usage", ";".join(shown) + "\n")
 
     def _render_status(self) -> None:
-        (self.root / "info" / "last_cmd_status").write_text(self.last_cmd_status)
+        _publish(self.root / "info" / "last_cmd_status", self.last_cmd_status)
 
     def _render_info(self) -> None:
         info = self.root / "info"
@@ -549,13 +561,13 @@ class FakeResctrl:
                     "thread_throttle_mode": "max",
                 }
             for fname, value in files.items():
-                (d / fname).write_text(f"{value}\n")
+                _publish(d / fname, f"{value}\n")
         if self.mon:
             d = info / "L3_MON"
             d.mkdir(exist_ok=True)
-            (d / "num_rmids").write_text("176\n")
-            (d / "mon_features").write_text("llc_occupancy\nmbm_total_bytes\nmbm_local_bytes\n")
-            (d / "max_threshold_occupancy").write_text("737280\n")
+            _publish(d / "num_rmids", "176\n")
+            _publish(d / "mon_features", "llc_occupancy\nmbm_total_bytes\nmbm_local_bytes\n")
+            _publish(d / "max_threshold_occupancy", "737280\n")
         self._render_status()
 
     def _mount(self) -> None:

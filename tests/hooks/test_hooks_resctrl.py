@@ -309,6 +309,39 @@ def test_fake_kernel_rounds_mb_up_to_the_granularity(tmp_path: Path) -> None:
     assert fake.schemata("g")["MB"] == {0: 40, 1: 100}
 
 
+def test_fake_kernel_files_are_never_read_half_rendered(fake_resctrl: FakeResctrl) -> None:
+    """A kernel read is a snapshot. A reader polling a group's files while schemata and tasks
+    are written sees each file whole, old or new: never the empty file a truncate leaves (the
+    end-to-end tests read these files from another process while the hook server writes)."""
+    fs = fake_resctrl.fs()
+    fs.ensure_group("g")
+    group = fake_resctrl.root / "g"
+    fake_resctrl.write(group / "tasks", b"0")  # this thread: moved again and again below
+    renders = {"    MB:0=100;1=100\n    L3:0=7ff;1=7ff\n", "    MB:0=50;1=50\n    L3:0=3;1=3\n"}
+    seen: dict[str, set[str]] = {"schemata": set(), "tasks": set()}
+    done = threading.Event()
+
+    def read_until_done() -> None:
+        while not done.is_set():
+            for name, texts in seen.items():
+                texts.add((group / name).read_text())
+
+    reader = threading.Thread(target=read_until_done)
+    reader.start()
+    try:
+        for _ in range(100):
+            fs.write_schemata("g", "L3:0=3;1=3\nMB:0=50;1=50\n")
+            fake_resctrl.write(group / "tasks", b"0")
+            fs.write_schemata("g", "L3:0=7ff;1=7ff\nMB:0=100;1=100\n")
+    finally:
+        done.set()
+        reader.join()
+    assert seen["schemata"] <= renders, seen["schemata"] - renders
+    assert seen["tasks"] == {f"{threading.get_native_id()}\n"}
+    assert len(seen["schemata"]) == 2
+    assert sorted(p.name for p in group.iterdir() if p.name.startswith(".")) == []  # no rendering left over
+
+
 # --------------------------------------------------------------------------------------
 # ResctrlInfo from the (fake) mount
 
