@@ -70,6 +70,7 @@ from typing import Any, Final
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from runtimeproxy import trace
 from runtimeproxy.dispatch.store import RuntimeLoader, describe_error
 from runtimeproxy.metrics import DURATION_BUCKETS
 
@@ -335,10 +336,13 @@ class Reconciler:
         loop = asyncio.get_running_loop()
         while True:
             began = loop.time()
+            traced = trace.now() if trace.ON else 0  # bench/pod_timeline.py: which starts a round overlapped
             try:
                 await self.run_once()
             except Exception:  # a bug in a round must not end reconciling
                 log.exception("reconcile round failed")
+            if trace.ON:
+                trace.event("hooks.reconcile", began=traced)
             await self._wait(began, loop)
 
     async def _wait(self, began: float, loop: asyncio.AbstractEventLoop) -> None:
