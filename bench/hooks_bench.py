@@ -34,6 +34,7 @@ from relay_bench import (
     Proxy,
     Service,
     background_cpus,
+    mean_ci95,
     percentile,
     timed_run,
     verdict,
@@ -238,8 +239,8 @@ def paired(later: Sequence[float], earlier: Sequence[float]) -> dict[str, float]
     """later[i] - earlier[i] over pods started next to each other: mean with its 95%
     confidence half-width (normal approximation), and median, in ms."""
     diffs = [(a - b) * 1e3 for a, b in zip(later, earlier, strict=True)]
-    half = 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
-    return {"mean_ms": statistics.fmean(diffs), "ci95_ms": half, "median_ms": statistics.median(diffs)}
+    mean, half = mean_ci95(diffs)
+    return {"mean_ms": mean, "ci95_ms": half, "median_ms": statistics.median(diffs)}
 
 
 class Series:

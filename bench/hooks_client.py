@@ -22,6 +22,7 @@ Jobs:
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from typing import Any
@@ -154,11 +155,14 @@ async def run_pods(job: dict[str, Any]) -> dict[str, Any]:
     cpu_teardown: list[dict[str, float]] = []
     ended: list[float] = []  # time.monotonic() when each start ended (perf_counter's clock on Linux)
     sched: list[dict[str, list[int]]] = []  # sched_snapshot deltas around each start
+    gc.disable()  # this client's own collections (1-2 ms each) must not land inside a timed start
     try:
         for cri in clients.values():
             await cri("Version", pb.VersionRequest(version="v1"), pb.VersionResponse)  # connect first
+        gc.freeze()  # what lives on (channels, modules) is not walked again at each collection below
         for pod in job["pods"]:
             cri = clients[pod["socket"]]
+            gc.collect()  # between starts, before the idle gap: the client's garbage of the last pod
             if settle:
                 await asyncio.sleep(settle)
             before, sched_before = cpu_snapshot(watch), sched_snapshot(watch)
@@ -184,6 +188,8 @@ async def run_pods(job: dict[str, Any]) -> dict[str, Any]:
                 pass  # the test bed's own clean-up removes whatever is left
         for channel in channels.values():
             await channel.close(None)
+        gc.unfreeze()
+        gc.enable()
     return {"steps": steps, "teardown": teardown, "cpu_start": cpu_start, "cpu_teardown": cpu_teardown,
             "ended": ended, "sched_start": sched}
 

@@ -5,8 +5,10 @@
 Serves every RPC of runtime.v1alpha1.RuntimeHookService on the unix socket SOCKET with the
 project's own gRPC server (runtimeproxy.h2server, as runtime-hooks): each decodes its request
 (the generated messages) and answers an empty response, so the proxy changes nothing. It
-sends READY=1 to $NOTIFY_SOCKET once it serves. It counts calls per hook point; calls that
-carry the PROBE_KEY metadata (the bench client's direct round-trip probes) are counted apart.
+runs on uvloop, as runtime-hooks and the proxy do, so that what it costs is the protocol's,
+not a slower event loop's. It sends READY=1 to $NOTIFY_SOCKET once it serves. It counts
+calls per hook point; calls that carry the PROBE_KEY metadata (the bench client's direct
+round-trip probes) are counted apart.
 On SIGTERM or SIGINT it stops and prints the counts as one JSON line on stdout:
 {"calls": {"PreRunPodSandbox": 41, ...}, "probes": {...}}.
 """
@@ -19,6 +21,8 @@ import signal
 import sys
 from collections import Counter
 from typing import Any
+
+import uvloop
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.h2server import CallInfo, H2Server, UnaryHandler
@@ -73,7 +77,7 @@ async def serve(socket_path: str) -> dict[str, dict[str, int]]:
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(f"usage: {sys.argv[0]} SOCKET")
-    counts = asyncio.run(serve(sys.argv[1]))
+    counts = uvloop.run(serve(sys.argv[1]))
     sys.stdout.write(json.dumps(counts) + "\n")
     sys.stdout.flush()
 

@@ -499,7 +499,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         policy.write_text(POLICY)
         try:
             bed.start()
-            resctrl = fake_resctrl(scratch / "resctrl", policy)
+            resctrl = fake_resctrl(scratch / "resctrl")
             stack = HookedProxy.make(work, bed, resctrl, policy, "hooks")
             stack.start()
             proxy, hooks, proxy_metrics = stack.proxy, stack.hooks, stack.metrics_url

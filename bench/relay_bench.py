@@ -1,11 +1,18 @@
 """Latency, throughput, CPU and memory of runtime-proxy against a real containerd.
 
     python bench/relay_bench.py [--calls N] [--rounds R] [--json FILE] [--profile PSTATS]
+    python bench/relay_bench.py --pool FILE [FILE ...]
 
 It starts the test bed's containerd, fills it with pods and containers, starts the proxy
 through its real command line, then times CRI calls from a separate client process
 (bench/relay_client.py) against containerd's socket directly and through the proxy, in
 alternating rounds. See bench/README.md for the method and how to read the output.
+
+Throughput moves between runs more than the relay's cost does (short default runs' ratios at
+16 callers spanned 0.80-1.05x over sessions 17-22 here, single rounds 0.65-1.41x), so each
+round's proxy run is also paired with its direct run: the mean of those per-round ratios
+comes with its 95% interval, and ``--pool`` reads the --json files of several runs and prints
+the per-round ratios of all of them pooled.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import math
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -217,6 +225,7 @@ class CallTimes:
     machine_busy_cpu: float = 0.0
     machine_total_cpu: float = 0.0
     round_p50_ms: list[float] = field(default_factory=list)
+    round_calls_per_s: list[float] = field(default_factory=list)
 
     def add_times(self, answer: dict[str, Any]) -> None:
         latencies = answer["latencies"]
@@ -226,6 +235,7 @@ class CallTimes:
         self.machine_busy_cpu += answer["machine_busy_cpu"]
         self.machine_total_cpu += answer["machine_total_cpu"]
         self.round_p50_ms.append(percentile(sorted(latencies), 0.5) * 1e3)
+        self.round_calls_per_s.append(len(latencies) / answer["wall"])
 
     def per_call_us(self) -> float:
         """Multiplier from pooled CPU seconds to microseconds per call."""
@@ -243,6 +253,7 @@ class CallTimes:
             # Share of all CPUs busy during the timed calls.
             "machine_busy": self.machine_busy_cpu / self.machine_total_cpu if self.machine_total_cpu else math.nan,
             "round_p50_ms": self.round_p50_ms,
+            "round_calls_per_s": self.round_calls_per_s,
         }
 
 
@@ -281,18 +292,41 @@ def total_cpu_us(summary: dict[str, Any]) -> float:
     return float(sum(summary[f"{who}_cpu_us_per_call"] for who in ("client", "proxy", "containerd")))
 
 
+def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
+    """The mean of ``values`` and its 95% confidence half-width (normal approximation; NaN for
+    fewer than two values)."""
+    half = 1.96 * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return statistics.fmean(values), half
+
+
+def round_ratios(direct: dict[str, Any], proxy: dict[str, Any]) -> list[float]:
+    """Each round's proxy calls/s over the direct run's of the same round (run next to it)."""
+    return [p / d for p, d in zip(proxy["round_calls_per_s"], direct["round_calls_per_s"], strict=True)]
+
+
 def compare(direct: dict[str, Any], proxy: dict[str, Any]) -> dict[str, Any]:
+    ratios = round_ratios(direct, proxy)
+    mean, half = mean_ci95(ratios)
     return {
         "direct_total_cpu_us_per_call": total_cpu_us(direct),
         "proxy_total_cpu_us_per_call": total_cpu_us(proxy),
         "added_p50_ms": proxy["p50_ms"] - direct["p50_ms"],
         "added_p99_ms": proxy["p99_ms"] - direct["p99_ms"],
         "throughput_ratio": proxy["calls_per_s"] / direct["calls_per_s"],
+        "round_throughput_ratios": ratios,
+        "paired_throughput_ratio": mean,
+        "paired_throughput_ratio_ci95": half,
     }
 
 
 def verdict(ok: bool) -> str:
     return "ok" if ok else "MISSED"
+
+
+def fmt_round_ratios(ratios: Sequence[float]) -> str:
+    """'0.91 0.87 0.95 0.93, mean 0.92x +- 0.03'."""
+    mean, half = mean_ci95(ratios)
+    return " ".join(f"{r:.2f}" for r in ratios) + f", mean {mean:.2f}x ± {half:.2f}"
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -320,6 +354,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(f"{'':<24}proxy - direct: p50 {c['added_p50_ms']:+.3f} ms, p99 {c['added_p99_ms']:+.3f} ms; "
               f"throughput {c['throughput_ratio']:.2f}x; CPU per call, all three: "
               f"{c['direct_total_cpu_us_per_call']:.0f} -> {c['proxy_total_cpu_us_per_call']:.0f} us")
+        print(f"{'':<24}throughput per round: {fmt_round_ratios(c['round_throughput_ratios'])}")
     print()
     print("Targets (reported, not asserted):")
     for row in report["results"]:
@@ -331,7 +366,8 @@ def print_report(report: dict[str, Any]) -> None:
         else:
             ok = c["throughput_ratio"] >= TARGET_THROUGHPUT_RATIO_AT_16
             print(f"  throughput >= {TARGET_THROUGHPUT_RATIO_AT_16}x direct      {name:<20}"
-                  f"{c['throughput_ratio']:.2f}x      {verdict(ok)}")
+                  f"{c['throughput_ratio']:.2f}x      {verdict(ok)}  (per round "
+                  f"{c['paired_throughput_ratio']:.2f}x ± {c['paired_throughput_ratio_ci95']:.2f})")
     mem = report["proxy_memory"]
     for label, key in (("idle after start", "rss_start_mib"), ("idle after load", "rss_after_load_mib"),
                        ("peak (VmHWM)", "rss_peak_mib")):
@@ -540,6 +576,37 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             bed.stop()
 
 
+def pooled_round_ratios(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], list[float]]:
+    """Every run's per-round throughput ratios, by (method, callers), in run order."""
+    pooled: dict[tuple[str, int], list[float]] = {}
+    for report in reports:
+        for row in report["results"]:
+            pooled.setdefault((row["method"], row["concurrency"]), []).extend(
+                round_ratios(row["direct"], row["proxy"]))
+    return pooled
+
+
+def print_pool(paths: Sequence[Path]) -> None:
+    """--pool: each run's per-round throughput ratios, then all of them pooled."""
+    reports = []
+    for path in paths:
+        report = json.loads(path.read_text())
+        if any("round_calls_per_s" not in row["direct"] for row in report["results"]):
+            sys.exit(f"{path}: no per-round calls/s (written by an older relay_bench.py); run it again")
+        reports.append(report)
+    for path, report in zip(paths, reports, strict=True):
+        print(f"{path}:")
+        for (method, callers), ratios in pooled_round_ratios([report]).items():
+            print(f"  {f'{method} x{callers}':<20}{fmt_round_ratios(ratios)}")
+    print(f"Pooled, {len(reports)} runs:")
+    for (method, callers), ratios in pooled_round_ratios(reports).items():
+        mean, half = mean_ci95(ratios)
+        line = f"  {f'{method} x{callers}':<20}{len(ratios)} rounds, throughput {mean:.3f}x ± {half:.3f}"
+        if callers >= 16:
+            line += f"  >= {TARGET_THROUGHPUT_RATIO_AT_16}x: {verdict(mean >= TARGET_THROUGHPUT_RATIO_AT_16)}"
+        print(line)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=3000, help="timed calls per run (default 3000)")
@@ -551,6 +618,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", type=Path,
                         help="afterwards, cProfile (CPU clock) a second proxy process under 16-caller "
                              "ListContainers load and write its pstats to this file")
+    parser.add_argument("--pool", type=Path, nargs="+", metavar="FILE",
+                        help="run nothing: pool the per-round throughput ratios of earlier runs' --json files")
     return parser.parse_args(argv)
 
 
@@ -579,6 +648,9 @@ def write_figures(path: Path | None, report: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.pool:
+        print_pool(args.pool)
+        return
     report = timed_run("relay_bench.py", run_bench, args)
     print_report(report)
     if "profile" in report:

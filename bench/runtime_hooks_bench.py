@@ -55,10 +55,8 @@ from runtime_hooks_client import KUBE_QOS, container_config, sandbox_config
 from runtimeproxy.hooks.cgroups import CgroupFS
 from runtimeproxy.hooks.definition import Handler, Plugin
 from runtimeproxy.hooks.discovery import discover_plugins
-from runtimeproxy.hooks.plugins.resctrl import LAYOUTS, plan_groups
-from runtimeproxy.hooks.plugins.resctrl import plugin as resctrl_plugin
+from runtimeproxy.hooks.plugins.resctrl import LAYOUTS
 from runtimeproxy.hooks.policy import Specs, load_policy
-from runtimeproxy.hooks.resctrl import ResctrlFS, ResctrlInfo
 from runtimeproxy.hooks.runner import PluginRunner
 from runtimeproxy.hooks.server import (
     REGISTRATION_FILE,
@@ -78,7 +76,7 @@ from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 from runtimeproxy.logs import configure_logging
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.daemons import free_port, proc_status_kib
-from runtimeproxy.testbed.serve_args import hooks_command, hooks_serve_args
+from runtimeproxy.testbed.serve_args import hooks_serve_args
 
 BENCH_DIR = Path(__file__).resolve().parent
 CLIENT_SCRIPT = BENCH_DIR / "runtime_hooks_client.py"
@@ -99,11 +97,27 @@ PROXIED_POINTS = (HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER,
                   HookPoint.POST_STOP_POD_SANDBOX)
 IN_SERIES = (HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER)
 IMAGE = "docker.io/library/busybox:1.36"  # part 1's requests name it; nothing pulls it
-THREAD_BASE = 3_000_000  # fake thread ids of the fake containers (written to a plain file only)
+THREAD_BASE = 3_000_000  # fake thread ids of the fake containers (no such task: the fake kernel says ESRCH)
 BE_BATCH_QUOTA = "100000"  # the BE pods' batch-cpu limit, 1000m, as the cpu plugin writes it per 100 ms
 
 # Printed next to the figures; the bench reports, it does not assert.
 TARGET_START_RATIO = 1.05
+
+# The fake resctrl mount runtime-hooks gets: 2 L3 caches of 11 ways, MBA on 2 domains, 16 CLOSIDs.
+FAKE_RESCTRL: dict[str, Any] = {"l3_ids": [0, 1], "cbm_mask": "7ff", "mb_ids": [0, 1], "num_closids": 16}
+FAKE_KERNEL_ENV = "RTPX_BENCH_FAKE_RESCTRL"  # {"root": ..., "options": FAKE_RESCTRL}
+# runtime-hooks' CLI with the test kit's fake kernel attached first to the tree the bench made: its
+# mkdir, rmdir and writes there then behave as on a kernel (hooks/testkit/attach.py). The fake keeps
+# every write it receives: a short deque instead, or the list would grow like a leak (leak_bench).
+ON_FAKE_KERNEL = f"""
+import collections, json, os, sys
+from runtimeproxy.hooks.testkit import attach_fake_resctrl
+spec = json.loads(os.environ["{FAKE_KERNEL_ENV}"])
+attach_fake_resctrl(spec["root"], **spec["options"]).writes = collections.deque(maxlen=16)
+sys.argv[0] = "runtime-hooks"
+from runtimeproxy.hooks.cli import main
+main()
+"""
 
 
 # -- processes ----------------------------------------------------------------------------
@@ -111,7 +125,8 @@ TARGET_START_RATIO = 1.05
 
 class RuntimeHooks(Service):
     """`runtime-hooks serve` with the built-in plugins (all of them, and only them), writing its
-    registration into `hook_dir`."""
+    registration into `hook_dir`, on the fake resctrl at `resctrl_root` (made by `fake_resctrl`)
+    driven as a kernel by the process itself."""
 
     def __init__(self, work: Path, name: str, *, hook_dir: Path, cgroup_root: str, resctrl_root: Path,
                  policy: Path, runtime_endpoint: str = "", pod_root: str = "/kubepods") -> None:
@@ -120,14 +135,16 @@ class RuntimeHooks(Service):
         port = free_port()
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
         argv = [
-            *hooks_serve_args(hooks_command(), self.socket, hook_dir, cgroup_root, pod_root, resctrl_root),
+            *hooks_serve_args([sys.executable, "-c", ON_FAKE_KERNEL], self.socket, hook_dir, cgroup_root, pod_root,
+                              resctrl_root),
             "--policy", str(policy),
             "--runtime-endpoint", runtime_endpoint,  # "": no reconciler
             "--metrics-address", f"127.0.0.1:{port}",
             "--log-level", "info",
             *(f"--enable={name}" for name in PLUGINS),
         ]
-        super().__init__(work, name, argv)
+        super().__init__(work, name, argv, {FAKE_KERNEL_ENV: json.dumps({"root": str(resctrl_root),
+                                                                         "options": FAKE_RESCTRL})})
 
     def start(self, timeout: float = 30.0) -> None:
         super().start(timeout)  # READY=1 comes once it serves, registered, with its metrics
@@ -188,23 +205,12 @@ def installed_specs() -> Specs:
     return {p.settings_spec.name: p.settings_spec for p in discover_plugins().plugins if p.settings_spec is not None}
 
 
-def fake_resctrl(root: Path, policy: Path) -> Path:
-    """A fake resctrl mount (2 L3 caches of 11 ways, MBA, 16 CLOSIDs) with the plugin's three
-    groups made by the fake kernel. The server writes this tree with plain write(2)s (it has
-    no fake-kernel ops), so its own mkdir would leave an empty directory without a schemata
-    file, and a write does not replace a file's content as the kernel's parser would (kernel
-    files need no O_TRUNC): the groups are made here first, as after a restart, and each
-    schemata file is left holding the very text the plugin writes for `policy`, so that what
-    it reads back (reconcile) parses as on a kernel."""
-    fake = make_fake_resctrl(root)
-    for name, _classes in LAYOUTS[3]:
-        fake.mkdir(root / name)
-    spec = resctrl_plugin.settings_spec
-    assert spec is not None
-    section = load_policy(policy, specs=installed_specs()).section(spec)
-    plan = plan_groups(ResctrlInfo.from_root(root), section.for_class, 3)
-    for group in plan.groups:
-        (root / group.name / "schemata").write_text(group.schemata)
+def fake_resctrl(root: Path) -> Path:
+    """A fake resctrl mount (`FAKE_RESCTRL`) at `root`, as after boot: the root group only.
+    `RuntimeHooks` attaches the test kit's fake kernel to it in its own process, so the resctrl
+    plugin makes its groups, writes their schemata and moves tasks there as on a kernel (tasks
+    listed, schemata validated and re-rendered); the bench reads the files the fake renders."""
+    make_fake_resctrl(root, **FAKE_RESCTRL)
     return root
 
 
@@ -344,7 +350,7 @@ class HookSeries(CallTimes):
 
 def run_hook_calls(args: argparse.Namespace, client: Client, work: Path, scratch: Path) -> dict[str, Any]:
     tree = make_fake_cgroup_v1(scratch / "cgroup", driver="cgroupfs")
-    resctrl = fake_resctrl(scratch / "resctrl", work / "policy.yaml")
+    resctrl = fake_resctrl(scratch / "resctrl")
     pods = fake_pods(tree, args.pool)
     requests = hook_requests(pods, IMAGE)
     server = RuntimeHooks(work, "hooks-calls", hook_dir=work / "hooks-calls.d", cgroup_root=str(tree.root),
@@ -460,12 +466,13 @@ def serve_call(point: HookPoint, data: bytes) -> Callable[[PluginRunner], Any]:
 async def _breakdown(args: argparse.Namespace, scratch: Path, policy_path: Path) -> dict[str, Any]:
     configure_logging("warning", "json")  # as quiet as the server's per-call logging (its debug lines are off)
     tree = make_fake_cgroup_v1(scratch / "cgroup-inproc", driver="cgroupfs")
-    resctrl_root = fake_resctrl(scratch / "resctrl-inproc", policy_path)
     pods = fake_pods(tree, args.pool)
     requests = hook_requests(pods, IMAGE)
     policy = load_policy(policy_path, specs=installed_specs())
     clock = Clock()
-    cgroups, resctrl = CgroupFS(str(tree.root), "cgroupfs"), ResctrlFS(resctrl_root)
+    # Here the fake kernel is this process's own (the fake's fs()), as runtime-hooks' is its own.
+    cgroups, resctrl = CgroupFS(str(tree.root), "cgroupfs"), make_fake_resctrl(scratch / "resctrl-inproc",
+                                                                             **FAKE_RESCTRL).fs()
     # Path checks: every cgroup and resctrl path is resolved (os.path.realpath) and checked to
     # lie under its root. Clocked on these two objects only.
     # Every cgroup path a plugin uses is built and checked by these two (CgroupFS.path too).
@@ -536,7 +543,7 @@ def run_pod_starts(args: argparse.Namespace, client: Client, work: Path, scratch
     began = time.monotonic()
     try:
         bed.start()
-        resctrl = fake_resctrl(scratch / "resctrl-pods", work / "policy.yaml")
+        resctrl = fake_resctrl(scratch / "resctrl-pods")
         stack = HookedProxy.make(work, bed, resctrl, work / "policy.yaml", "hooks-pods")
         stack.start()
         proxy, server, proxy_url = stack.proxy, stack.hooks, stack.metrics_url
@@ -586,8 +593,8 @@ def run_pod_starts(args: argparse.Namespace, client: Client, work: Path, scratch
         # batch quota at PreRunPodSandbox; the pod cgroup outlives the pod (runc leaves parents).
         be_pods = [pod for pod in started if pod["kind"] == "BE"]
         quotas = {t: [read_quota(pod["cgroup_parent"]) for pod in be_pods if pod["target"] == t] for t in TARGETS}
-        # The resctrl plugin writes each started container's threads into its class's group (here a
-        # plain file: it keeps the last id written).
+        # The resctrl plugin writes each started container's threads into its class's group (the fake
+        # kernel lists them).
         joined = [name for name, _ in LAYOUTS[3] if (resctrl / name / "tasks").read_text().split()]
         per_hook = {point.value: proxy_hooks.summary([point.value]) for point in PROXIED_POINTS}
         return {

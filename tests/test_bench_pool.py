@@ -55,3 +55,50 @@ def test_pool_prints_each_run_and_the_pooled_verdict(timeline: ModuleType, tmp_p
     pooled = out.split("Pooled", 1)[1]
     assert "1.030x ± " in pooled and "(+3.00 ms, median +3.00)  <= 1.03x: met" in pooled
     assert "1.010x ± 0.000 (+1.00 ms, median +1.00)  <= 1.02x: met" in pooled
+
+
+# -- bench/relay_bench.py --pool: per-round throughput ratios ------------------------------
+
+
+@pytest.fixture(scope="module")
+def relay() -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module("relay_bench")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def relay_run(direct: list[float], proxy: list[float]) -> dict[str, Any]:
+    """A relay_bench report whose only row is Version at 16 callers, with these calls/s per round."""
+    row = {"method": "Version", "concurrency": 16,
+           "direct": {"round_calls_per_s": direct}, "proxy": {"round_calls_per_s": proxy}}
+    return {"results": [row]}
+
+
+def test_relay_rounds_pair_each_proxy_run_with_its_direct_run(relay: ModuleType) -> None:
+    # Round 2 is slow for both targets: paired, it counts as the same ratio as round 1.
+    first = relay_run([10000.0, 5000.0], [9000.0, 4500.0])
+    second = relay_run([10000.0], [10000.0])
+    assert relay.pooled_round_ratios([first, second]) == {("Version", 16): pytest.approx([0.9, 0.9, 1.0])}
+    mean, half = relay.mean_ci95([0.9, 0.9, 1.0])
+    assert mean == pytest.approx(0.9333, abs=1e-4) and half == pytest.approx(1.96 * 0.057735 / 3**0.5, rel=1e-4)
+
+
+def test_relay_pool_prints_each_run_and_the_pooled_ratio(relay: ModuleType, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    paths = []
+    for n, report in enumerate([relay_run([100.0, 100.0], [90.0, 80.0]), relay_run([100.0, 100.0], [90.0, 100.0])]):
+        paths.append(tmp_path / f"relay{n}.json")
+        paths[-1].write_text(json.dumps(report))
+    relay.main(["--pool", *map(str, paths)])
+    out = capsys.readouterr().out
+    assert f"{paths[0]}:\n  Version x16         0.90 0.80, mean 0.85x" in out
+    assert "Pooled, 2 runs:\n  Version x16         4 rounds, throughput 0.900x ± 0.080  >= 0.5x: ok" in out
+
+
+def test_relay_pool_refuses_a_report_without_rounds(relay: ModuleType, tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"results": [{"method": "Version", "concurrency": 16, "direct": {}, "proxy": {}}]}))
+    with pytest.raises(SystemExit, match="no per-round calls/s"):
+        relay.main(["--pool", str(old)])
