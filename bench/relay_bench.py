@@ -1,6 +1,6 @@
 """Latency, throughput, CPU and memory of runtime-proxy against a real containerd.
 
-    python bench/relay_bench.py [--calls N] [--rounds R] [--json FILE] [--profile PSTATS]
+    python bench/relay_bench.py [--calls N] [--rounds R] [--hop] [--json FILE] [--profile PSTATS]
     python bench/relay_bench.py --pool FILE [FILE ...]
 
 It starts the test bed's containerd, fills it with pods and containers, starts the proxy
@@ -13,6 +13,10 @@ Throughput moves between runs more than the relay's cost does (short default run
 round's proxy run is also paired with its direct run: the mean of those per-round ratios
 comes with its 95% interval, and ``--pool`` reads the --json files of several runs and prints
 the per-round ratios of all of them pooled.
+
+``--hop`` adds a third target: socat copying the bytes of one connection to containerd, with
+no parsing and no Python. What it costs is what any process in between costs here (the
+kernel's socket work and the wake-ups of one more hop), the floor under the proxy's figures.
 """
 
 from __future__ import annotations
@@ -49,10 +53,12 @@ CLIENT_SCRIPT = BENCH_DIR / "relay_client.py"
 METHODS = ("Version", "ListContainers")
 CONCURRENCY = (1, 16)
 TARGETS = ("direct", "proxy")
+HOP = "hop"  # --hop: a bare byte relay (ByteRelay) as a third target
+COMPARISONS = {"proxy": "comparison", HOP: "hop_comparison"}  # a result row's key for each against direct
 
-# Targets printed next to the figures; the bench reports, it does not assert.
-TARGET_ADDED_P50_MS = 0.3
-TARGET_THROUGHPUT_RATIO_AT_16 = 0.5
+# Issue 12's targets, printed next to the figures; the bench reports, it does not assert.
+TARGET_ADDED_P50_MS = 0.15
+TARGET_THROUGHPUT_RATIO_AT_16 = 0.9
 TARGET_RSS_MIB = 40.0
 PROFILE_ENV = "RELAY_BENCH_PROFILE"
 # Run the CLI's own main() under cProfile, timing CPU (not wall) time, until SIGTERM.
@@ -125,6 +131,36 @@ class Proxy(Service):
             argv[:argv.index("serve")] = [sys.executable, "-c", PROFILED_MAIN]
             env[PROFILE_ENV] = str(profile.resolve())
         super().__init__(work, name, argv, env)
+
+
+class ByteRelay:
+    """socat relaying one connection to the backend byte for byte (reads of up to 64 KiB, so a
+    ListContainers answer is not cut into 8 KiB pieces): one extra process hop and nothing else.
+    Started afresh for each run, as it serves one connection and exits when it ends."""
+
+    def __init__(self, work: Path, backend: Path) -> None:
+        if shutil.which("socat") is None:
+            sys.exit("--hop needs socat on PATH (Debian: apt-get install socat)")
+        self.socket = work / "hop" / "hop.sock"
+        self.socket.parent.mkdir(mode=0o700)
+        self.backend = backend
+
+    @contextlib.contextmanager
+    def serving(self, timeout: float = 10.0) -> Iterator[int]:
+        """A socat listening on `socket` for one connection; yields its pid, waits for its end."""
+        self.socket.unlink(missing_ok=True)
+        argv = ["socat", "-b", "65536", f"UNIX-LISTEN:{self.socket},mode=600", f"UNIX-CONNECT:{self.backend}"]
+        process = subprocess.Popen(argv, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while not self.socket.exists():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"socat did not listen on {self.socket} (exit {process.poll()})")
+                time.sleep(0.005)
+            yield process.pid
+            process.wait(timeout)  # the client has closed its channel: socat ends with the connection
+        finally:
+            stop_process(process, timeout)
 
 
 class Client:
@@ -343,18 +379,21 @@ def print_report(report: dict[str, Any]) -> None:
     print(head)
     print("-" * len(head))
     for row in report["results"]:
-        for target in TARGETS:
+        for target in relayed_targets(row, "direct"):
             s = row[target]
             rounds = " ".join(f"{v:.3f}" for v in s["round_p50_ms"])
             print(f"{row['method']:<15}{row['concurrency']:>7}  {target:<7}{s['p50_ms']:>8.3f}{s['p99_ms']:>8.3f}"
                   f"{s['calls_per_s']:>9.0f}{s['client_cpu_us_per_call']:>8.0f}{s['proxy_cpu_us_per_call']:>7.0f}"
                   f"{s['containerd_cpu_us_per_call']:>7.0f}{s['machine_busy']:>6.0%}{s['other_cpus']:>7.2f}"
                   f"   {rounds}")
-        c = row["comparison"]
-        print(f"{'':<24}proxy - direct: p50 {c['added_p50_ms']:+.3f} ms, p99 {c['added_p99_ms']:+.3f} ms; "
-              f"throughput {c['throughput_ratio']:.2f}x; CPU per call, all three: "
-              f"{c['direct_total_cpu_us_per_call']:.0f} -> {c['proxy_total_cpu_us_per_call']:.0f} us")
-        print(f"{'':<24}throughput per round: {fmt_round_ratios(c['round_throughput_ratios'])}")
+        for target in relayed_targets(row):
+            c = row[COMPARISONS[target]]
+            print(f"{'':<24}{target} - direct: p50 {c['added_p50_ms']:+.3f} ms, p99 {c['added_p99_ms']:+.3f} ms; "
+                  f"throughput {c['throughput_ratio']:.2f}x; CPU per call, all three: "
+                  f"{c['direct_total_cpu_us_per_call']:.0f} -> {c['proxy_total_cpu_us_per_call']:.0f} us")
+            print(f"{'':<24}{target} throughput per round: {fmt_round_ratios(c['round_throughput_ratios'])}")
+    if any(HOP in row for row in report["results"]):
+        print(f"{'':<24}(hop: socat relaying bytes, no parsing; its CPU is in the proxy column)")
     print()
     print("Targets (reported, not asserted):")
     for row in report["results"]:
@@ -368,6 +407,10 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"  throughput >= {TARGET_THROUGHPUT_RATIO_AT_16}x direct      {name:<20}"
                   f"{c['throughput_ratio']:.2f}x      {verdict(ok)}  (per round "
                   f"{c['paired_throughput_ratio']:.2f}x ± {c['paired_throughput_ratio_ci95']:.2f})")
+            if HOP in row:
+                h = row[COMPARISONS[HOP]]
+                print(f"{'    the floor: a bare byte relay (socat)':<53}{h['throughput_ratio']:.2f}x      {'':<2}  "
+                      f"(per round {h['paired_throughput_ratio']:.2f}x ± {h['paired_throughput_ratio_ci95']:.2f})")
     mem = report["proxy_memory"]
     for label, key in (("idle after start", "rss_start_mib"), ("idle after load", "rss_after_load_mib"),
                        ("peak (VmHWM)", "rss_peak_mib")):
@@ -506,6 +549,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"ListContainers lists {containers} containers; the bench needs at least 50")
             proxy = Proxy(work, bed.address)
             proxy.start()
+            hop = ByteRelay(work, bed.socket) if args.hop else None
+            targets = TARGETS if hop is None else (*TARGETS, HOP)
             time.sleep(1.0)  # let start-up settle before the idle reading
             rss_start = proc_status_kib(proxy.pid, "VmRSS")
             background = background_cpus(2.0)
@@ -514,15 +559,22 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             watch = {"proxy": proxy.pid, "containerd": bed.pid}
             sockets = {"direct": str(bed.socket), "proxy": str(proxy.socket)}
             setup_done = time.monotonic()
-            series = {(m, c, t): Series(m, c, t) for m in METHODS for c in CONCURRENCY for t in TARGETS}
+            series = {(m, c, t): Series(m, c, t) for m in METHODS for c in CONCURRENCY for t in targets}
             checked: dict[str, str] = {}
             for n in range(args.rounds):
-                order = TARGETS if n % 2 == 0 else TARGETS[::-1]  # alternate who goes first
+                order = targets[n % len(targets):] + targets[:n % len(targets)]  # who goes first rotates
                 for method in METHODS:
                     for concurrency in CONCURRENCY:
                         for target in order:
-                            answer = client.run(socket=sockets[target], method=method, concurrency=concurrency,
-                                                calls=args.calls, warmup=args.warmup, watch=watch)
+                            job = {"method": method, "concurrency": concurrency, "calls": args.calls,
+                                   "warmup": args.warmup}
+                            if target == HOP:
+                                assert hop is not None
+                                with hop.serving() as hop_pid:  # in the proxy's columns: the relay in between
+                                    answer = client.run(socket=str(hop.socket), **job,
+                                                        watch={"proxy": hop_pid, "containerd": bed.pid})
+                            else:
+                                answer = client.run(socket=sockets[target], **job, watch=watch)
                             series[method, concurrency, target].add(answer)
                             checked[f"{method} {target}"] = answer["checked"]
                     print(f"round {n + 1}/{args.rounds}: {method} done", file=sys.stderr)
@@ -536,8 +588,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 for concurrency in CONCURRENCY:
                     direct = series[method, concurrency, "direct"].summary()
                     relayed = series[method, concurrency, "proxy"].summary()
-                    results.append({"method": method, "concurrency": concurrency, "direct": direct,
-                                    "proxy": relayed, "comparison": compare(direct, relayed)})
+                    row = {"method": method, "concurrency": concurrency, "direct": direct,
+                           "proxy": relayed, "comparison": compare(direct, relayed)}
+                    if hop is not None:
+                        row[HOP] = series[method, concurrency, HOP].summary()
+                        row["hop_comparison"] = compare(direct, row[HOP])
+                    results.append(row)
             report: dict[str, Any] = {
                 "environment": {
                     "runtime": checked.get("Version direct", "?"),
@@ -576,13 +632,20 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             bed.stop()
 
 
-def pooled_round_ratios(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int], list[float]]:
-    """Every run's per-round throughput ratios, by (method, callers), in run order."""
-    pooled: dict[tuple[str, int], list[float]] = {}
+def relayed_targets(row: dict[str, Any], *first: str) -> tuple[str, ...]:
+    """The targets a result row holds after ``first``: the proxy, and the hop when it ran."""
+    return (*first, "proxy", *((HOP,) if HOP in row else ()))
+
+
+def pooled_round_ratios(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int, str], list[float]]:
+    """Every run's per-round throughput ratios over direct, by (method, callers, target), in run
+    order; the hop's only from the runs that had one."""
+    pooled: dict[tuple[str, int, str], list[float]] = {}
     for report in reports:
         for row in report["results"]:
-            pooled.setdefault((row["method"], row["concurrency"]), []).extend(
-                round_ratios(row["direct"], row["proxy"]))
+            for target in relayed_targets(row):
+                pooled.setdefault((row["method"], row["concurrency"], target), []).extend(
+                    round_ratios(row["direct"], row[target]))
     return pooled
 
 
@@ -596,13 +659,13 @@ def print_pool(paths: Sequence[Path]) -> None:
         reports.append(report)
     for path, report in zip(paths, reports, strict=True):
         print(f"{path}:")
-        for (method, callers), ratios in pooled_round_ratios([report]).items():
-            print(f"  {f'{method} x{callers}':<20}{fmt_round_ratios(ratios)}")
+        for (method, callers, target), ratios in pooled_round_ratios([report]).items():
+            print(f"  {f'{method} x{callers} {target}':<26}{fmt_round_ratios(ratios)}")
     print(f"Pooled, {len(reports)} runs:")
-    for (method, callers), ratios in pooled_round_ratios(reports).items():
+    for (method, callers, target), ratios in pooled_round_ratios(reports).items():
         mean, half = mean_ci95(ratios)
-        line = f"  {f'{method} x{callers}':<20}{len(ratios)} rounds, throughput {mean:.3f}x ± {half:.3f}"
-        if callers >= 16:
+        line = f"  {f'{method} x{callers} {target}':<26}{len(ratios)} rounds, throughput {mean:.3f}x ± {half:.3f}"
+        if callers >= 16 and target == "proxy":
             line += f"  >= {TARGET_THROUGHPUT_RATIO_AT_16}x: {verdict(mean >= TARGET_THROUGHPUT_RATIO_AT_16)}"
         print(line)
 
@@ -614,6 +677,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=4, help="alternating direct/proxy rounds (default 4)")
     parser.add_argument("--pods", type=int, default=10, help="host-network pod sandboxes (default 10)")
     parser.add_argument("--containers-per-pod", type=int, default=5, help="started containers per pod (default 5)")
+    parser.add_argument("--hop", action="store_true",
+                        help="also time a bare byte relay (socat) in between: the floor of any extra hop")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--profile", type=Path,
                         help="afterwards, cProfile (CPU clock) a second proxy process under 16-caller "

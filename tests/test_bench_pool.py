@@ -69,10 +69,13 @@ def relay() -> ModuleType:
         sys.path.remove(str(BENCH))
 
 
-def relay_run(direct: list[float], proxy: list[float]) -> dict[str, Any]:
-    """A relay_bench report whose only row is Version at 16 callers, with these calls/s per round."""
-    row = {"method": "Version", "concurrency": 16,
-           "direct": {"round_calls_per_s": direct}, "proxy": {"round_calls_per_s": proxy}}
+def relay_run(direct: list[float], proxy: list[float], hop: list[float] | None = None) -> dict[str, Any]:
+    """A relay_bench report whose only row is Version at 16 callers, with these calls/s per round
+    (the hop's too when given, as with --hop)."""
+    row: dict[str, Any] = {"method": "Version", "concurrency": 16,
+                           "direct": {"round_calls_per_s": direct}, "proxy": {"round_calls_per_s": proxy}}
+    if hop is not None:
+        row["hop"] = {"round_calls_per_s": hop}
     return {"results": [row]}
 
 
@@ -80,7 +83,7 @@ def test_relay_rounds_pair_each_proxy_run_with_its_direct_run(relay: ModuleType)
     # Round 2 is slow for both targets: paired, it counts as the same ratio as round 1.
     first = relay_run([10000.0, 5000.0], [9000.0, 4500.0])
     second = relay_run([10000.0], [10000.0])
-    assert relay.pooled_round_ratios([first, second]) == {("Version", 16): pytest.approx([0.9, 0.9, 1.0])}
+    assert relay.pooled_round_ratios([first, second]) == {("Version", 16, "proxy"): pytest.approx([0.9, 0.9, 1.0])}
     mean, half = relay.mean_ci95([0.9, 0.9, 1.0])
     assert mean == pytest.approx(0.9333, abs=1e-4) and half == pytest.approx(1.96 * 0.057735 / 3**0.5, rel=1e-4)
 
@@ -93,8 +96,28 @@ def test_relay_pool_prints_each_run_and_the_pooled_ratio(relay: ModuleType, tmp_
         paths[-1].write_text(json.dumps(report))
     relay.main(["--pool", *map(str, paths)])
     out = capsys.readouterr().out
-    assert f"{paths[0]}:\n  Version x16         0.90 0.80, mean 0.85x" in out
-    assert "Pooled, 2 runs:\n  Version x16         4 rounds, throughput 0.900x ± 0.080  >= 0.5x: ok" in out
+    assert f"{paths[0]}:\n  Version x16 proxy         0.90 0.80, mean 0.85x" in out
+    assert "Pooled, 2 runs:\n  Version x16 proxy         4 rounds, throughput 0.900x ± 0.080  >= 0.9x: ok" in out
+
+
+def test_relay_pool_keeps_the_hop_apart_and_pools_it_from_the_runs_that_had_one(
+    relay: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = [relay_run([100.0], [80.0], hop=[85.0]), relay_run([100.0], [84.0]), relay_run([100.0], [86.0], hop=[87.0])]
+    assert relay.pooled_round_ratios(runs) == {
+        ("Version", 16, "proxy"): pytest.approx([0.80, 0.84, 0.86]),
+        ("Version", 16, "hop"): pytest.approx([0.85, 0.87]),
+    }
+    paths = []
+    for n, report in enumerate(runs):
+        paths.append(tmp_path / f"relay{n}.json")
+        paths[-1].write_text(json.dumps(report))
+    relay.main(["--pool", *map(str, paths)])
+    pooled = capsys.readouterr().out.split("Pooled, 3 runs:\n", 1)[1].splitlines()
+    assert pooled[0].startswith("  Version x16 proxy         3 rounds, throughput 0.833x") and pooled[0].endswith(
+        ">= 0.9x: MISSED"
+    )
+    assert pooled[1].startswith("  Version x16 hop           2 rounds, throughput 0.860x") and "MISSED" not in pooled[1]
 
 
 def test_relay_pool_refuses_a_report_without_rounds(relay: ModuleType, tmp_path: Path) -> None:
