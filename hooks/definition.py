@@ -365,7 +365,8 @@ class Plugin:
         return fn
 
     def on_stop(self, fn: _F) -> _F:
-        """Decorator: call ``fn(server=..., **kwargs)`` once when the server stops."""
+        """Decorator: call ``fn(server=..., **kwargs)`` once when the server stops, after the
+        plugin's handler calls still running in threads have ended (waiting at most its timeout)."""
         self.stop_handler = self._single(fn, "on_stop", self.stop_handler, LIFECYCLE_KWARGS)
         return fn
 

@@ -163,6 +163,7 @@ class _SyncCall:
 
     finished: bool = False
     hung: bool = False
+    work: concurrent.futures.Future[Any] | None = None  # its thread's future, once known
 
 
 class _Step(NamedTuple):
@@ -229,6 +230,7 @@ class PluginRunner:
         self._max_hung = max_hung
         self._closed = False
         self._running_sync: dict[str, int] = {}  # per plugin: sync calls past their timeout, still running
+        self._in_threads: dict[str, set[concurrent.futures.Future[Any]]] = {}  # per plugin: sync calls running
         self._lock = threading.Lock()
         self._orphans: set[asyncio.Future[Any]] = set()
         self._odd_returns: set[str] = set()  # plugins warned about their reconcile return value
@@ -440,9 +442,12 @@ class PluginRunner:
         return failures
 
     async def stop(self) -> list[PluginFailure]:
-        """Call the on_stop handlers (failures are logged and returned), then close()."""
+        """Call the on_stop handlers (failures are logged and returned), then close(). A plugin's
+        on_stop waits for its handler calls still running in threads (``_settle``)."""
         failures = []
         for plugin in reversed(self.plugins):
+            if plugin.stop_handler is not None:
+                await self._settle(plugin)
             failure = await self._lifecycle(plugin, _Stage.STOP)
             if failure is not None:
                 failures.append(failure)
@@ -507,6 +512,25 @@ class PluginRunner:
         if spec is None or not spec.switchable:
             return pods
         return tuple(pod for pod in pods if not self.skip_reason(plugin, qos_of(pod).qos_class))
+
+    async def _settle(self, plugin: Plugin) -> None:
+        """Wait, at most the plugin's timeout, for its handler calls still running in threads.
+        A shutdown cancels a reconcile round or a hook call, but not the thread of a sync
+        handler: without this its on_stop could undo (or close) what such a call still uses."""
+        with self._lock:
+            running = [asyncio.wrap_future(work) for work in self._in_threads.get(plugin.name, ())]
+        if not running:
+            return
+        _, still = await asyncio.wait(running, timeout=plugin.timeout)
+        for waiter in still:
+            waiter.cancel()  # detached: the thread's end must not reach the loop, closed by then
+        if still:
+            log.warning(
+                "handler calls still run in threads; calling on_stop anyway",
+                plugin=plugin.name,
+                threads=len(still),
+                waited_s=plugin.timeout,
+            )
 
     def close(self) -> None:
         """Run no more sync handlers. Their threads are daemon threads: a hung one never delays exit."""
@@ -643,6 +667,10 @@ class PluginRunner:
             f"runtime-hooks-{plugin.name}",
             lambda: self._sync_done(plugin.name, call),
         )
+        with self._lock:  # what stop() waits for; the thread may have ended already
+            if not call.finished:
+                call.work = work
+                self._in_threads.setdefault(plugin.name, set()).add(work)
         future = asyncio.wrap_future(work)
         try:
             done, _ = await asyncio.wait({future}, timeout=timeout)
@@ -664,6 +692,8 @@ class PluginRunner:
     def _sync_done(self, name: str, call: _SyncCall) -> None:
         with self._lock:
             call.finished = True
+            if call.work is not None:
+                self._in_threads[name].discard(call.work)
             if call.hung:
                 self._running_sync[name] -= 1
 

@@ -813,6 +813,86 @@ async def test_start_stop_and_reconcile_handlers(make_runner: Any) -> None:
     assert events[2] == ("stop", None)
 
 
+async def test_on_stop_waits_for_the_thread_of_a_cancelled_reconcile_round(make_runner: Any) -> None:
+    # A stop cancels the round in progress, but a sync handler's thread runs on: on_stop must not
+    # run beside it (it could undo, or close, what the round is still doing).
+    plugin = Plugin("p", timeout=5.0)
+    entered = threading.Event()
+    events: list[str] = []
+
+    @plugin.reconcile
+    def reconcile(**kwargs: Any) -> None:
+        entered.set()
+        time.sleep(0.3)
+        events.append("reconcile ended")
+
+    @plugin.on_stop
+    def stop(**kwargs: Any) -> None:
+        events.append("on_stop")
+
+    runner = make_runner(plugin)
+    round_in_progress = asyncio.create_task(runner.reconcile(pods=[]))
+    assert await asyncio.to_thread(entered.wait, 5)
+    round_in_progress.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await round_in_progress
+    with capture_logs() as logs:
+        assert await runner.stop() == []
+    assert events == ["reconcile ended", "on_stop"]
+    assert not [e for e in logs if e["log_level"] == "warning"], logs
+
+
+async def test_on_stop_waits_for_handler_threads_no_longer_than_the_plugins_timeout(make_runner: Any) -> None:
+    release = threading.Event()
+    plugin = Plugin("p", timeout=0.2)
+
+    @plugin.on(CREATE)
+    def handler(**kwargs: Any) -> None:
+        release.wait(30)
+
+    stopped: list[float] = []
+
+    @plugin.on_stop
+    async def stop(**kwargs: Any) -> None:
+        stopped.append(time.monotonic())
+
+    runner = make_runner(plugin)
+    try:
+        result = await runner.run(CREATE, pod=POD, container=CONTAINER)
+        assert [f.outcome for f in result.failures] == ["timeout"]  # its thread runs on
+        began = time.monotonic()
+        with capture_logs() as logs:
+            assert await runner.stop() == []
+    finally:
+        release.set()
+    assert stopped and 0.2 <= stopped[0] - began < 25  # its timeout, not the 30 s the thread would take
+    [warning] = [e for e in logs if e["event"] == "handler calls still run in threads; calling on_stop anyway"]
+    assert (warning["plugin"], warning["threads"], warning["waited_s"]) == ("p", 1, 0.2)
+
+
+async def test_a_plugin_without_on_stop_does_not_delay_the_stop(make_runner: Any) -> None:
+    release, entered = threading.Event(), threading.Event()
+    plugin = Plugin("p", timeout=60.0)
+
+    @plugin.on(CREATE)
+    def handler(**kwargs: Any) -> None:
+        entered.set()
+        release.wait(60)
+
+    runner = make_runner(plugin)
+    try:
+        call = asyncio.create_task(runner.run(CREATE, pod=POD, container=CONTAINER))
+        assert await asyncio.to_thread(entered.wait, 5)
+        call.cancel()  # as a shutdown would: the thread runs on, nothing waits for it
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        began = time.monotonic()
+        assert await runner.stop() == []
+        assert time.monotonic() - began < 30  # not the plugin's 60 s
+    finally:
+        release.set()
+
+
 async def test_a_plugin_that_cannot_start_is_disabled_or_stops_the_server(make_runner: Any) -> None:
     def failing(name: str, policy: str) -> Plugin:
         plugin = _setter(name, failure_policy=policy)
