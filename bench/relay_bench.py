@@ -639,13 +639,16 @@ def relayed_targets(row: dict[str, Any], *first: str) -> tuple[str, ...]:
 
 def pooled_round_ratios(reports: Sequence[dict[str, Any]]) -> dict[tuple[str, int, str], list[float]]:
     """Every run's per-round throughput ratios over direct, by (method, callers, target), in run
-    order; the hop's only from the runs that had one."""
+    order; the hop's only from the runs that had one, and for those also the proxy's over the
+    hop's (target "proxy/hop": how far the proxy is from the floor of any relay)."""
     pooled: dict[tuple[str, int, str], list[float]] = {}
     for report in reports:
         for row in report["results"]:
+            key = row["method"], row["concurrency"]
             for target in relayed_targets(row):
-                pooled.setdefault((row["method"], row["concurrency"], target), []).extend(
-                    round_ratios(row["direct"], row[target]))
+                pooled.setdefault((*key, target), []).extend(round_ratios(row["direct"], row[target]))
+            if HOP in row:
+                pooled.setdefault((*key, "proxy/hop"), []).extend(round_ratios(row[HOP], row["proxy"]))
     return pooled
 
 
@@ -660,11 +663,11 @@ def print_pool(paths: Sequence[Path]) -> None:
     for path, report in zip(paths, reports, strict=True):
         print(f"{path}:")
         for (method, callers, target), ratios in pooled_round_ratios([report]).items():
-            print(f"  {f'{method} x{callers} {target}':<26}{fmt_round_ratios(ratios)}")
+            print(f"  {f'{method} x{callers} {target}':<30}{fmt_round_ratios(ratios)}")
     print(f"Pooled, {len(reports)} runs:")
     for (method, callers, target), ratios in pooled_round_ratios(reports).items():
         mean, half = mean_ci95(ratios)
-        line = f"  {f'{method} x{callers} {target}':<26}{len(ratios)} rounds, throughput {mean:.3f}x ± {half:.3f}"
+        line = f"  {f'{method} x{callers} {target}':<30}{len(ratios)} rounds, throughput {mean:.3f}x ± {half:.3f}"
         if callers >= 16 and target == "proxy":
             line += f"  >= {TARGET_THROUGHPUT_RATIO_AT_16}x: {verdict(mean >= TARGET_THROUGHPUT_RATIO_AT_16)}"
         print(line)

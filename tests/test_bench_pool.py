@@ -96,8 +96,8 @@ def test_relay_pool_prints_each_run_and_the_pooled_ratio(relay: ModuleType, tmp_
         paths[-1].write_text(json.dumps(report))
     relay.main(["--pool", *map(str, paths)])
     out = capsys.readouterr().out
-    assert f"{paths[0]}:\n  Version x16 proxy         0.90 0.80, mean 0.85x" in out
-    assert "Pooled, 2 runs:\n  Version x16 proxy         4 rounds, throughput 0.900x ± 0.080  >= 0.9x: ok" in out
+    assert f"{paths[0]}:\n  Version x16 proxy             0.90 0.80, mean 0.85x" in out
+    assert "Pooled, 2 runs:\n  Version x16 proxy             4 rounds, throughput 0.900x ± 0.080  >= 0.9x: ok" in out
 
 
 def test_relay_pool_keeps_the_hop_apart_and_pools_it_from_the_runs_that_had_one(
@@ -107,6 +107,7 @@ def test_relay_pool_keeps_the_hop_apart_and_pools_it_from_the_runs_that_had_one(
     assert relay.pooled_round_ratios(runs) == {
         ("Version", 16, "proxy"): pytest.approx([0.80, 0.84, 0.86]),
         ("Version", 16, "hop"): pytest.approx([0.85, 0.87]),
+        ("Version", 16, "proxy/hop"): pytest.approx([80 / 85, 86 / 87]),  # paired within each run
     }
     paths = []
     for n, report in enumerate(runs):
@@ -114,10 +115,12 @@ def test_relay_pool_keeps_the_hop_apart_and_pools_it_from_the_runs_that_had_one(
         paths[-1].write_text(json.dumps(report))
     relay.main(["--pool", *map(str, paths)])
     pooled = capsys.readouterr().out.split("Pooled, 3 runs:\n", 1)[1].splitlines()
-    assert pooled[0].startswith("  Version x16 proxy         3 rounds, throughput 0.833x") and pooled[0].endswith(
+    assert pooled[0].startswith("  Version x16 proxy             3 rounds, throughput 0.833x") and pooled[0].endswith(
         ">= 0.9x: MISSED"
     )
-    assert pooled[1].startswith("  Version x16 hop           2 rounds, throughput 0.860x") and "MISSED" not in pooled[1]
+    assert pooled[1].startswith("  Version x16 hop               2 rounds, throughput 0.860x")
+    assert pooled[2].startswith("  Version x16 proxy/hop         2 rounds, throughput 0.965x")
+    assert "MISSED" not in pooled[1] + pooled[2]  # a verdict only for the proxy against direct
 
 
 def test_relay_pool_refuses_a_report_without_rounds(relay: ModuleType, tmp_path: Path) -> None:
