@@ -24,7 +24,9 @@ slightly, e.g. "mask f7 has non-consecutive 1-bits" in the doc):
 * schemata are displayed as the kernel does: newest resource first (``MB`` before ``L3``),
   names right-aligned to the widest name (``L3CODE`` on CDP-capable parts), unpadded values;
 * ``tasks`` writes take ``pid[,pid...]``; a task that does not exist fails with ESRCH
-  ("No task N"); moving a task removes it from its previous group;
+  ("No task N"); moving a task removes it from its previous group; a task that has exited
+  leaves a group's ``tasks`` file when that file is next rendered (the kernel's lists it no
+  longer at once; :meth:`FakeResctrl.tasks` drops it at once);
 * mkdir past ``num_closids - 1`` groups fails with ENOSPC ("Out of CLOSIDs"); new groups
   start with the full mask and 100% bandwidth; rmdir gives the tasks back to the root group;
 * a write longer than a page fails with E2BIG (kernfs ``atomic_write_len``);
@@ -329,7 +331,8 @@ class FakeResctrl:
         return {name: dict(values) for name, values in self._groups[group].schemata.items()}
 
     def tasks(self, group: str = _ROOT) -> list[int]:
-        return list(self._groups[group].tasks)
+        """The group's live tasks, in the order they joined."""
+        return [task for task in self._groups[group].tasks if _task_exists(task)]
 
     def schemata_writes(self, group: str) -> list[bytes]:
         """The data of every write(2) to the group's schemata file."""
@@ -496,7 +499,9 @@ class FakeResctrl:
         return "".join(lines)
 
     def _render_tasks(self, group: str) -> None:
-        tasks = self._groups[group].tasks
+        """Render ``tasks``, forgetting the tasks that have exited (a kernel's list holds live
+        tasks only; kept, a group's list would grow with every container that came and went)."""
+        tasks = self._groups[group].tasks = [task for task in self._groups[group].tasks if _task_exists(task)]
         _publish(self._group_dir(group) / "tasks", "".join(f"{t}\n" for t in tasks))
 
     def _render_group(self, group: str) -> None:

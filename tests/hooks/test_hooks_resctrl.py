@@ -665,6 +665,24 @@ def test_add_tasks_ignores_exited_tasks(fake_resctrl: FakeResctrl, sleeper: Call
     assert fake_resctrl.last_cmd_status == "ok\n"  # the later successful write reset it
 
 
+def test_fake_kernel_forgets_exited_tasks(fake_resctrl: FakeResctrl, sleeper: Callable[[], int]) -> None:
+    # A kernel's tasks file lists live tasks only; the fake's must not grow with every container
+    # that came and went.
+    fs = fake_resctrl.fs()
+    fs.ensure_group("be")
+    leaving = subprocess.Popen(["sleep", "60"])
+    staying = sleeper()
+    fs.add_tasks("be", [leaving.pid, staying])
+    leaving.kill()
+    leaving.wait()
+    assert fake_resctrl.tasks("be") == [staying]  # at once
+    assert fs.tasks("be") == {leaving.pid, staying}  # the file: until it is rendered again
+    joining = sleeper()
+    fs.add_tasks("be", [joining])
+    assert fs.tasks("be") == {staying, joining}
+    assert fake_resctrl.tasks("be") == [staying, joining]
+
+
 def test_add_tasks_reports_other_failures_after_trying_all(
     fake_resctrl: FakeResctrl, sleeper: Callable[[], int]
 ) -> None:
