@@ -157,13 +157,12 @@ class HookCallFailed(Exception):
         super().__init__(f"plugin {failure.plugin} failed at {failure.hook}: {failure.reason}")
 
 
-@dataclass
+@dataclass(eq=False)  # kept in a set, by identity
 class _SyncCall:
-    """One sync handler call on its thread; guarded by the runner's lock."""
+    """One sync handler call whose thread runs; guarded by the runner's lock."""
 
-    finished: bool = False
-    hung: bool = False
-    work: concurrent.futures.Future[Any] | None = None  # its thread's future, once known
+    work: concurrent.futures.Future[Any] | None = None  # its thread's future, once started
+    hung: bool = False  # past its timeout
 
 
 class _Step(NamedTuple):
@@ -229,8 +228,7 @@ class PluginRunner:
         self.metrics = metrics if metrics is not None else PluginMetrics(registry)
         self._max_hung = max_hung
         self._closed = False
-        self._running_sync: dict[str, int] = {}  # per plugin: sync calls past their timeout, still running
-        self._in_threads: dict[str, set[concurrent.futures.Future[Any]]] = {}  # per plugin: sync calls running
+        self._sync_calls: dict[str, set[_SyncCall]] = {}  # per plugin: its sync calls whose threads run
         self._lock = threading.Lock()
         self._orphans: set[asyncio.Future[Any]] = set()
         self._odd_returns: set[str] = set()  # plugins warned about their reconcile return value
@@ -518,7 +516,8 @@ class PluginRunner:
         A shutdown cancels a reconcile round or a hook call, but not the thread of a sync
         handler: without this its on_stop could undo (or close) what such a call still uses."""
         with self._lock:
-            running = [asyncio.wrap_future(work) for work in self._in_threads.get(plugin.name, ())]
+            calls = self._sync_calls.get(plugin.name, ())
+            running = [asyncio.wrap_future(call.work) for call in calls if call.work is not None]
         if not running:
             return
         _, still = await asyncio.wait(running, timeout=plugin.timeout)
@@ -657,20 +656,24 @@ class PluginRunner:
         if self._closed:
             return "error", "not run: the runner is closed", None
         with self._lock:
-            hung = self._running_sync.get(plugin.name, 0)
+            running = self._sync_calls.setdefault(plugin.name, set())
+            hung = sum(call.hung for call in running)
             if hung >= self._max_hung:
                 return "busy", f"{hung} earlier calls of its sync handlers timed out and still run", None
-        call = _SyncCall()
+            call = _SyncCall()
+            running.add(call)  # before its thread starts: the thread's end takes it out
         context = contextvars.copy_context()
-        work = _in_thread(
-            functools.partial(context.run, _run_sync_handler, handler, kwargs),
-            f"runtime-hooks-{plugin.name}",
-            lambda: self._sync_done(plugin.name, call),
-        )
-        with self._lock:  # what stop() waits for; the thread may have ended already
-            if not call.finished:
-                call.work = work
-                self._in_threads.setdefault(plugin.name, set()).add(work)
+        try:
+            work = _in_thread(
+                functools.partial(context.run, _run_sync_handler, handler, kwargs),
+                f"runtime-hooks-{plugin.name}",
+                lambda: self._sync_done(plugin.name, call),
+            )
+        except BaseException:  # no thread (e.g. none can be started): nothing runs
+            self._sync_done(plugin.name, call)
+            raise
+        with self._lock:  # what stop() waits for
+            call.work = work
         future = asyncio.wrap_future(work)
         try:
             done, _ = await asyncio.wait({future}, timeout=timeout)
@@ -682,20 +685,14 @@ class PluginRunner:
             # Detached, the thread's end does not touch the loop (which may be closed by then).
             future.cancel()
             work.add_done_callback(functools.partial(_late_end, plugin.name))
-            with self._lock:
-                if not call.finished:  # only calls past their timeout count as hung
-                    call.hung = True
-                    self._running_sync[plugin.name] = self._running_sync.get(plugin.name, 0) + 1
+            with self._lock:  # only calls past their timeout and still running count as hung
+                call.hung = call in self._sync_calls[plugin.name]
             return "timeout", f"no answer within {timeout:g}s (its thread runs on)", None
         return _task_outcome(future)
 
     def _sync_done(self, name: str, call: _SyncCall) -> None:
         with self._lock:
-            call.finished = True
-            if call.work is not None:
-                self._in_threads[name].discard(call.work)
-            if call.hung:
-                self._running_sync[name] -= 1
+            self._sync_calls[name].discard(call)
 
     def _keep_orphan(self, future: asyncio.Future[Any], plugin: Plugin) -> None:
         """Hold a timed-out call until it ends, then log how (never as an unretrieved exception)."""
