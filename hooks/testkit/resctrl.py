@@ -332,7 +332,7 @@ class FakeResctrl:
 
     def tasks(self, group: str = _ROOT) -> list[int]:
         """The group's live tasks, in the order they joined."""
-        return [task for task in self._groups[group].tasks if _task_exists(task)]
+        return self._live_tasks(group)
 
     def schemata_writes(self, group: str) -> list[bytes]:
         """The data of every write(2) to the group's schemata file."""
@@ -498,10 +498,13 @@ class FakeResctrl:
             lines.append(f"{res.name:>{self._name_width}}:{';'.join(shown)}\n")
         return "".join(lines)
 
+    def _live_tasks(self, group: str) -> list[int]:
+        return [task for task in self._groups[group].tasks if _task_exists(task)]
+
     def _render_tasks(self, group: str) -> None:
         """Render ``tasks``, forgetting the tasks that have exited (a kernel's list holds live
         tasks only; kept, a group's list would grow with every container that came and went)."""
-        tasks = self._groups[group].tasks = [task for task in self._groups[group].tasks if _task_exists(task)]
+        tasks = self._groups[group].tasks = self._live_tasks(group)
         _publish(self._group_dir(group) / "tasks", "".join(f"{t}\n" for t in tasks))
 
     def _render_group(self, group: str) -> None:
