@@ -285,7 +285,7 @@ def test_pod_cgroup_driver(driver: CgroupDriver, pod_parent: str, wanted: str | 
 
 
 def test_the_other_form_is_refused() -> None:
-    # The escape of issue 7: a slice answered on a cgroupfs node landed outside /kubepods.
+    # An escape to guard against: a slice answered on a cgroupfs node landed outside /kubepods.
     problem = validate_cgroup_parent("kubepods-besteffort.slice", DEFAULT_ROOTS, "cgroupfs")
     assert problem is not None and "systemd slice" in problem and "cgroupfs cgroup driver" in problem
     problem = validate_cgroup_parent("/kubepods/besteffort", DEFAULT_ROOTS, "systemd")
@@ -363,7 +363,8 @@ def roots(draw: st.DrawFn) -> tuple[str, list[str]]:
     name = draw(st.lists(names, min_size=1, max_size=3))
     if draw(st.booleans()):
         return "/" + "/".join(name), name
-    return "-".join(part.replace("-", "_") for part in name) + ".slice", name
+    # A slice name cannot tell "_" from "-": kubelet reads every "_" back as "-".
+    return "-".join(part.replace("-", "_") for part in name) + ".slice", [part.replace("_", "-") for part in name]
 
 
 def slice_path(slice_name: str) -> list[str]:
