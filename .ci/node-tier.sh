@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-node tier (README "Real-node tier") for CI: `python3 -m tox -e node`, with its
+# The real-node tier (docs/development.md, "Real-node tier") for CI: `python3 -m tox -e node`, with its
 # wall time printed so runs can be compared. The node image is cached under
 # ~/.cache/runtimeproxy/node (RUNTIMEPROXY_NODE_CACHE), so only a machine's first run
 # builds it.

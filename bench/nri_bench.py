@@ -231,8 +231,8 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pods", type=int, default=10, help="pods per block")
-    parser.add_argument("--rounds", type=int, default=3, help="blocks per target, interleaved")
+    parser.add_argument("--pods", type=int, default=10, help="pods per block (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="blocks per target, interleaved (default 3)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()

@@ -8,8 +8,8 @@ with all built-in plugins on the real cgroups and a fake resctrl, a proxy in fro
 containerd calling it) and, as hooks_bench.py does, a second proxy calling the no-op hook server
 on all 13 hook points, with the daemons tracing (RUNTIMEPROXY_TRACE, runtimeproxy/trace.py) into
 one file. It starts pods one at a time, direct and through each proxy in alternation, LS and BE
-in turn, prints each target's pod start against the direct pods' as ratios (the issue's targets),
-and for each proxied pod, and averaged, each CRI call as the client saw it split into:
+in turn, prints each target's pod start against the direct pods' as ratios (against the project's
+targets), and for each proxied pod, and averaged, each CRI call as the client saw it split into:
 the way to the proxy, waiting for the call's ordering keys, the hook layer's own work, each
 hook call (runtime-hooks' time inside, each plugin, and the rest: gRPC and wake-ups on both
 sides), the runtime (request sent to answer received, as the proxy sees it), and the way back;
@@ -48,7 +48,7 @@ PROXIED = TARGETS[1:]
 LABELS = {"direct": "direct", "hooks": "proxy + runtime-hooks (all built-in plugins)",
           "noop": "proxy + no-op hook server on all 13 points"}
 SHORT_LABELS = {"hooks": "runtime-hooks", "noop": "no-op on all 13 points"}
-RATIO_TARGETS = {"hooks": 1.03, "noop": 1.02}  # issue 12, item 3
+RATIO_TARGETS = {"hooks": 1.03, "noop": 1.02}  # the project's pod-start targets, paired ratio to direct
 SPACED_GAP = 0.02  # s of idle before each spaced Version call: as between a pod start's calls
 STEPS = ("RunPodSandbox", "CreateContainer", "StartContainer")
 # The parts of a proxied call, in the order they happen (ms); a direct call has "to proxy",

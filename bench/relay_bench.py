@@ -8,8 +8,8 @@ through its real command line, then times CRI calls from a separate client proce
 (bench/relay_client.py) against containerd's socket directly and through the proxy, in
 alternating rounds. See bench/README.md for the method and how to read the output.
 
-Throughput moves between runs more than the relay's cost does (short default runs' ratios at
-16 callers spanned 0.80-1.05x over sessions 17-22 here, single rounds 0.65-1.41x), so each
+Throughput moves between runs more than the relay's cost does (on a 2-core VM, short default
+runs' ratios at 16 callers spanned 0.80-1.05x, single rounds 0.65-1.41x), so each
 round's proxy run is also paired with its direct run: the mean of those per-round ratios
 comes with its 95% interval, and ``--pool`` reads the --json files of several runs and prints
 the per-round ratios of all of them pooled.
@@ -56,7 +56,7 @@ TARGETS = ("direct", "proxy")
 HOP = "hop"  # --hop: a bare byte relay (ByteRelay) as a third target
 COMPARISONS = {"proxy": "comparison", HOP: "hop_comparison"}  # a result row's key for each against direct
 
-# Issue 12's targets, printed next to the figures; the bench reports, it does not assert.
+# The project's targets, printed next to the figures; the bench reports, it does not assert.
 TARGET_ADDED_P50_MS = 0.15
 TARGET_THROUGHPUT_RATIO_AT_16 = 0.9
 TARGET_RSS_MIB = 40.0

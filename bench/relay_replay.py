@@ -9,11 +9,10 @@
 relay got from either side, in order, to FILE. `replay` feeds those reads to a RelayConnection
 between two in-memory transports (no sockets, no event-loop turns: the relay's frame handling,
 header decoding and metrics only) and prints digests of what it wrote, so two versions of the
-code can be checked to write the same bytes. The digests leave PING frames out: the relay answers
-PINGs itself since session 17 (before, it forwarded them and their ACKs), so a recording made
-with either version replays to the same digests only without them; the PING frames written are
-counted apart. `callgrind` runs the replay under valgrind twice,
-with every read and with none, and prints the difference per relayed call: instructions do not
+code can be checked to write the same bytes. The digests leave PING frames out and count them
+apart: the relay answers PINGs itself rather than relaying them, so they are not part of the
+traffic it forwards. `callgrind` runs the replay under valgrind twice, with every read and with
+none, and prints the difference per relayed call: instructions do not
 depend on what else the machine is doing, unlike the CPU times of bench/relay_bench.py. The
 replay runs on uvloop, as the daemon does, with the cyclic GC off while the reads are fed: the
 daemon makes a handful of collections after start-up, and in a replay they land at different

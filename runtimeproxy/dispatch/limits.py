@@ -105,7 +105,7 @@ ENV_ENTRY_MAX = 128 << 10  # MAX_ARG_STRLEN (32 pages): "NAME=value" and its NUL
 # Verbose ContainerStatus holds the environment twice, JSON-escaped (at worst 6 bytes a byte):
 # 512 KiB stays far under 16 MiB, and well under execve's own total (a quarter of the stack
 # rlimit, 2 MiB by default). Create + start took 0.11 s with 4096 variables here, 0.35 s with
-# 10,000, and 21.6 s with 100,000 (issue 7).
+# 10,000, and 21.6 s with 100,000.
 ENV_TOTAL_MAX = 512 << 10
 ENV_COUNT_MAX = 4096
 UNIFIED_VALUE_MAX = 4096  # one page

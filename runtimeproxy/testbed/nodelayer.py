@@ -4,8 +4,8 @@ The cached node image (`noderoot`) holds everything that changes rarely. What ch
 every edit of the project goes into a second, small initramfs archive that the kernel
 unpacks over the first:
 
-* the project itself, installed the way systemd/INSTALL.md says (``pip install
-  /path/to/runtimeproxy``, system-wide, so the entry points land in /usr/local/bin) with
+* the project itself, installed system-wide from a copy of the source (as systemd/INSTALL.md
+  installs its wheel, so the entry points land in /usr/local/bin) with
   the guest's own pip and Python, in a chroot on the host: an overlay mount whose lower
   layer is the cached root (never written) collects exactly the installed files;
 * files the run adds (`RunLayer.add_file`, `add_tree`, `add_symlink`): configuration,

@@ -1,4 +1,4 @@
-"""BE pods get memory limits from ``kubernetes.io/batch-memory``, end to end (issue 11).
+"""BE pods get memory limits from ``kubernetes.io/batch-memory``, end to end.
 
 The proxy and ``runtime-hooks`` run as subprocesses in front of the real containerd test bed
 (both series, cgroup v1 here): a BE pod whose annotation gives its container a 32 MiB

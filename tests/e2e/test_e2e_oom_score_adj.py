@@ -1,4 +1,4 @@
-"""Koordinator's ``koordinator.sh/oom-score-adj(-spec)`` annotations, end to end (issue 11).
+"""Koordinator's ``koordinator.sh/oom-score-adj(-spec)`` annotations, end to end.
 
 The proxy and ``runtime-hooks`` run in front of the real containerd test bed with
 ``memory.LS.pod_oom_score_adj`` on: the memory plugin answers PreCreateContainer with the

@@ -1,4 +1,4 @@
-"""A third-party plugin with settings and state of its own, end to end (issue 9, item 1).
+"""A third-party plugin with settings and state of its own, end to end.
 
 The plugin is the contract of docs/writing-a-plugin.md, word for word, plus one more handler
 that reports its ``state``. It is installed by entry point (a dist-info on the

@@ -1,4 +1,4 @@
-"""Property test, issue 7: random bytes and hostile-but-well-formed messages as hook answers.
+"""Property test: random bytes and hostile-but-well-formed messages as hook answers.
 
 A real hook server (raw gRPC, so it can answer any bytes) is registered with the proxy's hook
 layer; each example sets its answer and runs one lifecycle call through the interceptor as

@@ -1,4 +1,4 @@
-"""Fault injection, issue 7 items 4 to 6: hook answers that look valid but that containerd,
+"""Fault injection: hook answers that look valid but that containerd,
 runc or the kernel refuse, or that break the cgroup layout.
 
 Against the real containerd, through the in-process proxy of hook_bed.py, a hook server

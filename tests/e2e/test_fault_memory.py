@@ -1,4 +1,4 @@
-"""Fault injection, issue 7 item 7: large intercepted requests cannot take the node's memory.
+"""Fault injection: large intercepted requests cannot take the node's memory.
 
 The proxy daemon in front of the real containerd gets 16 concurrent 15 MiB lifecycle
 requests (the hook layer holds, decodes and re-encodes each one). Past its held-request

@@ -1,5 +1,5 @@
 """runtime-hooks under faults, end to end: its graceful stop, the message size it accepts, and
-cgroup parents that are no pod's (issue 7, items 8-10).
+cgroup parents that are no pod's.
 
 ``runtime-hooks serve`` and ``runtime-proxy serve`` run as subprocesses in front of the real
 containerd test bed (tests/daemons.py). The hook server runs its built-in plugins and one more,

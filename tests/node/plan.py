@@ -142,7 +142,7 @@ PODS = (
 )
 RESTART_POD = Pod("restart", "00000000-0000-4000-8000-00000000a007", KubeQoSClass.BURSTABLE,
                   requests={"cpu": "100m"}, limits={"cpu": "200m"}, labels={QOS_LABEL: "LS"})
-# Issue 13: a BE sibling deleted (through the proxy) and its slice stopped, as kubelet does,
+# A BE sibling deleted (through the proxy) and its slice stopped, as kubelet does,
 # while the other pods' slice files are sampled, and for 5 s after.
 SIBLING_REMOVAL = {"pod": "besteffort", "watch": ["be", "ls"], "observe_s": 5}
 DRIFT = {"pod": "ls", "file": "cpu.max.burst", "value": "0", "timeout_s": 4 * RECONCILE_INTERVAL_S}

@@ -1,4 +1,4 @@
-"""Issue 13: on a systemd-driver node, the pod-slice values runtime-hooks sets must survive
+"""On a systemd-driver node, the pod-slice values runtime-hooks sets must survive
 systemd re-applying its unit properties: when runc starts the sandbox's scope, when a sibling
 pod goes, and on `systemctl daemon-reload`.
 

@@ -629,7 +629,7 @@ def test_tightens_never_lifts(planned: int, current: int | None) -> None:
 
 
 def test_systemd_gets_the_pod_limit_as_memory_max() -> None:
-    """Under the systemd driver the pod slice's memory.max is synced as MemoryMax (issue 13)."""
+    """Under the systemd driver the pod slice's memory.max is synced as MemoryMax."""
     assert systemd_units.unit_properties("memory.max", str(96 * MiB)) == (
         systemd_units.UnitProperty("MemoryMax", "t", 96 * MiB),
     )
