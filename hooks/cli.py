@@ -42,9 +42,11 @@ from runtimeproxy.metrics import start_metrics_server
 from runtimeproxy.sdnotify import Watchdog, notify
 
 from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots
+from .container_repair import CgroupWrites, ContainerRepair, RepairApplier, RepairMetrics
 from .discovery import DiscoveryResult, discover_plugins, settings_specs
 from .nri.modes import mode_lines, modes_of
-from .nri.plugin import DEFAULT_PLUGIN_INDEX, DEFAULT_PLUGIN_NAME, NriSettings
+from .nri.plugin import DEFAULT_PLUGIN_INDEX, DEFAULT_PLUGIN_NAME, NriPlugin, NriSettings
+from .nri.repair import CriUpdates
 from .nri.serving import start_nri
 from .policy import Policy, PolicyError, PolicyWatcher, Specs, default_policy, dump_policy, load_policy
 from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
@@ -243,7 +245,8 @@ def serve(
     """Serve runtime hooks on ENDPOINT and register them with the proxy.
 
     Every reconciler.interval_seconds (policy) the plugins also re-apply what they own to
-    the pods the CRI runtime at RUNTIME_ENDPOINT runs.
+    the pods the CRI runtime at RUNTIME_ENDPOINT runs, and containers whose CPU and memory
+    values differ from what the plugins set are set back.
     """
     configure_logging(log_level.lower(), log_format.lower())
     endpoint = _socket_path(endpoint)
@@ -361,15 +364,27 @@ class _Serving:
     nri: NriSettings | None = None
 
 
-def _start_reconciler(serving: _Serving) -> Reconciler | None:
-    """The reconciler, started, unless there is no runtime to read or no plugin reconciles."""
+def _repair_applier(serving: _Serving, nri: NriPlugin | None) -> RepairApplier | None:
+    """How container repair sets values: the runtime's CRI update in NRI mode, else the container cgroups."""
+    if nri is not None:
+        return CriUpdates(serving.runtime_endpoint, nri.hooks.synchronized)
+    cgroups = serving.runner.context.cgroups
+    return CgroupWrites(cgroups) if cgroups is not None and cgroups.available() else None
+
+
+def _start_reconciler(serving: _Serving, repair: ContainerRepair, nri: NriPlugin | None) -> Reconciler | None:
+    """The reconciler, started, unless there is no runtime to read or nothing to reconcile (no
+    plugin reconciles, and none answers for container repair or it has no way to set values)."""
     if not serving.runtime_endpoint:
         log.info("reconciler off: no --runtime-endpoint")
         return None
-    if not any(plugin.reconcile_handler is not None for plugin in serving.runner.plugins):
-        log.info("reconciler off: no enabled plugin reconciles")
+    applier = _repair_applier(serving, nri) if repair.enabled else None
+    if applier is None and not any(plugin.reconcile_handler is not None for plugin in serving.runner.plugins):
+        log.info("reconciler off: no enabled plugin reconciles or repairs containers")
         return None
-    reconciler = Reconciler.for_endpoint(serving.runner, serving.runtime_endpoint, registry=serving.registry)
+    reconciler = Reconciler.for_endpoint(
+        serving.runner, serving.runtime_endpoint, registry=serving.registry, repair=repair, applier=applier
+    )
     serving.policy_listeners.append(reconciler.poke)  # an interval change takes effect at once
     reconciler.start()
     return reconciler
@@ -379,11 +394,14 @@ async def _serve(serving: _Serving) -> int:
     watcher = serving.watcher
     if watcher is not None:
         await watcher.start()
+    mode = "nri" if serving.nri is not None else "proxy"
+    repair = ContainerRepair(serving.runner, RepairMetrics(serving.registry, mode))  # hooks/container_repair.py
     server = RuntimeHooksServer(serving.runner, serving.settings)
+    serving.policy_listeners.append(server.policy_changed)  # the registration follows the policy
     try:
         await server.start()  # takes the socket's lock first: a second instance stops here
         # registered, configured and synchronized, or refused with the reason (hooks/nri/)
-        nri = await start_nri(serving.runner, serving.nri, serving.registry) if serving.nri else None
+        nri = await start_nri(serving.runner, serving.nri, serving.registry, repair) if serving.nri else None
         metrics_address = serving.metrics_address
         metrics_server = start_metrics_server(metrics_address, serving.registry) if metrics_address else None
     except BaseException:
@@ -397,7 +415,7 @@ async def _serve(serving: _Serving) -> int:
         loop.add_signal_handler(signum, stop.set)
     watchdog = Watchdog()  # WATCHDOG=1 every WatchdogSec/2 from this loop: a wedged loop gets restarted
     watchdog.start()
-    reconciler = _start_reconciler(serving)
+    reconciler = _start_reconciler(serving, repair, nri)
     systemd = loop.create_task(serving.systemd.run(), name="runtime-hooks-systemd") if serving.systemd else None
     notify("READY=1\nSTATUS=serving runtime hooks")
     log.info("ready", metrics_address=metrics_server.address if metrics_server else None)

@@ -20,23 +20,30 @@ takes effect at once) the :class:`Reconciler`:
    that are gone;
 3. counts what the plugins repaired (each reconcile handler returns the number of values
    it found drifted and set back) in ``runtimehooks_reconcile_drift_total{plugin}``, and
-   the round's duration in ``runtimehooks_reconcile_duration_seconds``.
+   the round's duration in ``runtimehooks_reconcile_duration_seconds``;
+4. repairs the containers whose CPU and memory values differ from what the plugins' hooks set
+   (hooks/container_repair.py), when given a :class:`~.container_repair.ContainerRepair` and the
+   mode's way of setting them: the runtime's CRI UpdateContainerResources in NRI mode
+   (hooks/nri/repair.py), the container's cgroup files through the proxy
+   (:class:`~.container_repair.CgroupWrites`). Pod cgroups come first: on cgroup v1 the kernel
+   refuses a container quota above its pod's.
 
 **It never stalls hook calls.** Hook calls and rounds share one event loop: the built-in plugins'
 reconcile handlers walk the pods in slices of about a millisecond (hooks/pacing.py), so a hook call
 arriving mid-round waits for one slice, not for the round (75 pods: ~30 ms before). Handlers of
 other plugins can do the same with ``async for pod in paced(pods)``.
 
-**It never fights kubelet.** The reconciler writes nothing itself, and reconcile handlers
-touch only values their plugin owns: what their own hooks set on the node (resctrl groups
-and their schemata, a class's cgroup knobs, tc classes...), and the values a plugin decides
-in place of kubelet for what kubelet cannot know: a BE pod's batch-cpu shares and quota and
-batch-memory limit (kubelet sees such a pod as BestEffort), and the cpuset of a pinned
-LSE/LSR container; Koordinator's reconciler keeps the same ones. Kubelet writes those files
-only on its own CRI calls (create, in-place resize), which pass through the same hooks and
-get the same values, so the two never take turns. Everything else kubelet owns -- the
-other CRI resources and the QoS-level cgroups it manages -- is changed only through hook
-responses, on kubelet's own calls, and never re-applied here.
+**It never fights kubelet.** Reconcile handlers touch only values their plugin owns: what
+their own hooks set on the node (resctrl groups and their schemata, a class's cgroup knobs, tc
+classes...), and the values a plugin decides in place of kubelet for what kubelet cannot know:
+a BE pod's batch-cpu shares and quota and batch-memory limit (kubelet sees such a pod as
+BestEffort), and the cpuset of a pinned LSE/LSR container; Koordinator's reconciler keeps the
+same ones. Container repair sets only the container values the plugins' own answers set, which
+are those same ones. Kubelet writes those files only on its own CRI calls (create, in-place
+resize), which pass through the same hooks and get the same values, so the two never take
+turns. Everything else kubelet owns -- the other CRI resources and the QoS-level cgroups it
+manages -- is changed only through hook responses, on kubelet's own calls, and never
+re-applied here.
 
 **systemd driver.** On cgroup v2 every value a plugin writes into a pod slice or container
 scope also becomes the unit's property (hooks/systemd_sync.py), so systemd does not undo it
@@ -74,6 +81,7 @@ from runtimeproxy import trace
 from runtimeproxy.dispatch.store import RuntimeLoader, describe_error
 from runtimeproxy.metrics import DURATION_BUCKETS
 
+from .container_repair import ContainerRepair, RepairApplier
 from .live_pods import LivePodCache, LivePods, container_info, list_live_pods, pod_info
 from .policy import Policy
 from .runner import PluginFailure, PluginRunner
@@ -161,6 +169,7 @@ class RoundResult:
     gone: int = 0
     unreadable: int = 0
     repaired: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    containers_repaired: int = 0
     failures: tuple[PluginFailure, ...] = ()
     error: str = ""
     seconds: float = 0.0
@@ -177,7 +186,8 @@ class Reconciler:
     :meth:`stop` when ``close_source`` is true) or any :data:`PodLister`. ``interval``: the
     seconds between the starts of two rounds, asked before every wait (default: the policy
     in force, ``reconciler.interval_seconds``); call :meth:`poke` when it may have changed
-    (e.g. from PolicyWatcher's on_change) so a long wait is cut short.
+    (e.g. from PolicyWatcher's on_change) so a long wait is cut short. ``repair`` and
+    ``applier``: container repair (module doc, step 4), off when either is None.
     """
 
     def __init__(
@@ -189,8 +199,12 @@ class Reconciler:
         registry: CollectorRegistry | None = None,
         metrics: ReconcileMetrics | None = None,
         close_source: bool = False,
+        repair: ContainerRepair | None = None,
+        applier: RepairApplier | None = None,
     ) -> None:
         self.runner = runner
+        self.repair = repair if applier is not None else None
+        self.applier = applier
         self.interval = interval if interval is not None else _policy_interval(runner)
         self.metrics = metrics if metrics is not None else ReconcileMetrics(registry)
         self._loader = source if isinstance(source, RuntimeLoader) else None
@@ -218,6 +232,11 @@ class Reconciler:
     def reconciling(self) -> list[str]:
         """The enabled plugins that have a reconcile handler."""
         return [plugin.name for plugin in self.runner.plugins if plugin.reconcile_handler is not None]
+
+    @property
+    def repairs_containers(self) -> bool:
+        """Whether rounds repair containers: container repair is given and a plugin answers for it."""
+        return self.repair is not None and self.repair.enabled
 
     @property
     def running(self) -> bool:
@@ -257,6 +276,7 @@ class Reconciler:
         for plugin, count in report.repaired.items():
             if count:
                 self.metrics.drift.labels(plugin=plugin).inc(count)
+        containers_repaired = await self._repair_containers(live)
         result = RoundResult(
             ok=True,
             pods=len(live.pods),
@@ -264,6 +284,7 @@ class Reconciler:
             gone=len(gone),
             unreadable=live.unreadable,
             repaired=MappingProxyType(dict(report.repaired)),
+            containers_repaired=containers_repaired,
             failures=tuple(report.failures),
             seconds=time.perf_counter() - started,
         )
@@ -276,15 +297,26 @@ class Reconciler:
             "gone": result.gone,
             "unreadable": result.unreadable,
             "repaired": {name: count for name, count in result.repaired.items() if count},
+            "containers_repaired": containers_repaired,
             "failed": [failure.plugin for failure in result.failures],
             "seconds": round(result.seconds, 3),
         }
-        if fields["repaired"] or fields["failed"] or gone:
+        if fields["repaired"] or fields["failed"] or gone or containers_repaired:
             log.info("reconciled", **fields)
         else:
             log.debug("reconciled", **fields)
         self.last = result
         return result
+
+    async def _repair_containers(self, live: LivePods) -> int:
+        """Step 4 of the module doc; the containers repaired (a bug in it is logged, not raised)."""
+        if self.repair is None or self.applier is None:
+            return 0
+        try:
+            return await self.repair.reconcile(live.pods, live.containers, self.applier)
+        except Exception:  # a bug must not end the round's bookkeeping
+            log.exception("container repair failed")
+            return 0
 
     def _gone(self, live: LivePods) -> tuple[list[PodInfo], dict[str, tuple[ContainerInfo, ...]]]:
         previous = self._previous
@@ -315,7 +347,12 @@ class Reconciler:
             return
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="runtime-hooks-reconcile")
-        log.info("reconciler started", plugins=self.reconciling, interval_s=self._interval())
+        log.info(
+            "reconciler started",
+            plugins=self.reconciling,
+            containers=self.applier.mode if self.repairs_containers and self.applier is not None else "off",
+            interval_s=self._interval(),
+        )
 
     def poke(self, policy: Policy | None = None) -> None:
         """Re-read the interval now (a policy reload may have changed it); takes the new policy
@@ -331,6 +368,8 @@ class Reconciler:
                 await task
         if self._close_loader and self._loader is not None:
             await self._loader.close()
+        if self.applier is not None:
+            await self.applier.close()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

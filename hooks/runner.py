@@ -325,20 +325,27 @@ class PluginRunner:
         pod: PodInfo,
         container: ContainerInfo | None = None,
         qos: QoSResolution | None = None,
+        label: str | None = None,
     ) -> RunResult:
-        """Run ``point``'s handlers; the merged response. HookCallFailed when a "fail" plugin fails."""
+        """Run ``point``'s handlers; the merged response. HookCallFailed when a "fail" plugin fails.
+        ``label``: the name the calls are counted, logged and failed under instead of the point's
+        (container repair runs PreUpdateContainerResources as "repair", hooks/container_repair.py);
+        what is withheld from the plugins is then said at debug, as in a reconcile round."""
         resolution = qos if qos is not None else qos_of(pod, container)
         context = self.context
         policy = context.policy()
         plan = self._plan(point, resolution.qos_class, policy, context)
         kind = plan.kind
+        hook = plan.hook if label is None else label
         result = RunResult(HookResponse(kind))
-        bound = {"hook": plan.hook, "pod": f"{pod.namespace}/{pod.name}"}
+        bound = {"hook": hook, "pod": f"{pod.namespace}/{pod.name}"}
         if container is not None:
             bound["container"] = container.name
-        pod = self._view(pod, policy, "info", bound)
+        pod = self._view(pod, policy, "info" if label is None else "debug", bound)
         owners: FieldOwners | None = None  # made when a plugin changes something (few do)
         for plugin, handler, skip, given, key in plan.steps:
+            if label is not None:
+                key = (plugin.name, label)
             if skip:
                 _not_called(result, plugin, skip, bound)
                 continue
@@ -364,7 +371,7 @@ class PluginRunner:
                 if handler.never_suspends:  # most handlers: no coroutine of the runner's own either
                     outcome, reason, _ = self._call_now(key, handler, kwargs)
                 else:
-                    outcome, reason, _ = await self._call(plugin, handler, plan.hook, kwargs)
+                    outcome, reason, _ = await self._call(plugin, handler, hook, kwargs)
             if outcome == "ok" and response.untouched():  # nothing to check, merge or own
                 result.applied.append(plugin.name)
                 continue
@@ -379,7 +386,7 @@ class PluginRunner:
                 result.response.merge(response)
                 result.applied.append(plugin.name)
                 continue
-            failure = PluginFailure(plugin.name, plan.hook, outcome, reason, plugin.failure_policy)
+            failure = PluginFailure(plugin.name, hook, outcome, reason, plugin.failure_policy)
             self._log_failure(failure, bound)
             if plugin.failure_policy == "fail":
                 raise HookCallFailed(failure)

@@ -34,7 +34,8 @@ It is installed as an entry point of group ``runtimeproxy.hooks`` naming the obj
 
 **What a plugin handles follows from its handlers.** There is no separate subscription
 list: the hook points of its ``@plugin.on`` handlers are what the server registers with
-the proxy, and a hook point no enabled plugin handles answers UNIMPLEMENTED.
+the proxy (unless the policy switches the plugin off for every QoS class), and a hook point
+no plugin runs at answers the empty response (no change).
 
 **Handlers take keyword arguments only, and must accept ``**kwargs``** (checked when the
 handler is registered). The server passes every argument in :data:`HANDLER_KWARGS`; a

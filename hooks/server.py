@@ -3,9 +3,10 @@
 For each of the 13 RPCs (api/runtime/v1alpha1/api.proto) the server turns the request into
 PodInfo / ContainerInfo (sdk), runs the plugins that handle the hook point
 (sdk.PluginRunner) and turns their merged HookResponse back into the RPC's response. A hook
-point no enabled plugin handles answers UNIMPLEMENTED, which the proxy reads as "no such
-hook" and skips. A plugin with failure policy "fail" that fails makes the RPC answer
-INTERNAL with "plugin <name> failed at <hook point>: <reason>".
+point no plugin runs at answers the empty response (no change), never UNIMPLEMENTED: the
+proxy fails a hook whose registered server answers UNIMPLEMENTED, and the proxy may still
+call a point that the registration has just dropped. A plugin with failure policy "fail"
+that fails makes the RPC answer INTERNAL with "plugin <name> failed at <hook point>: <reason>".
 
 **Socket and protocol.** The socket comes from runtimeproxy.listener: the flock on
 ``<endpoint>.lock`` (one instance per path; a second one stops with AlreadyServing), the
@@ -19,13 +20,20 @@ A request that does not decode is answered INTERNAL.
 hook config directory (write to a dotfile, then rename: the proxy never reads half a file)::
 
     {"remote-endpoint": "/var/run/runtimehooks/hooks.sock", "failure-policy": "Ignore",
-     "runtime-hooks": [...the hook points its enabled plugins handle...],
+     "runtime-hooks": [...the hook points its plugins in effect handle...],
      "timeout": <seconds>, "index": 0}
 
-``timeout`` is the longest sum of plugin timeouts at any one hook point plus a margin
-(capped at the proxy's 120 s), so the proxy does not give up on a call while its plugins
-are still within theirs. Failure policy Ignore means: when this server fails a call
-(including because of a "fail" plugin), the proxy goes on with the CRI call unchanged.
+The plugins in effect are the enabled ones, less those the policy in force switches off
+(``enabled: false``) for every QoS class. ``timeout`` is the longest sum of their timeouts at
+any one hook point plus a margin (capped at the proxy's 120 s), so the proxy does not give up
+on a call while its plugins are still within theirs. The failure policy is Fail when one of
+them has failure policy "fail", else Ignore: when this server fails a call, the proxy goes on
+with the CRI call unchanged.
+
+The registration follows the policy: when a reload changes what it would say
+(``policy_changed``), the file is rewritten, or removed when no plugin in effect handles a hook
+point. Until the proxy has read the new file it may still call a dropped point; that call finds
+no plugin to run and gets the empty response.
 
 **Stopping.** ``stop()`` removes the registration file first and keeps serving for
 ``deregister_grace`` seconds: the proxy notices a removed file at its next scan of the
@@ -66,6 +74,9 @@ from runtimeproxy.relay.grpc_wire import StatusCode
 
 from .changes import HookResponse
 from .convert import frozen_map, resources_from_proto, resources_to_proto
+from .definition import Plugin
+from .policy import Policy
+from .qos import QoSClass
 from .runner import HookCallFailed, PluginRunner
 from .views import ContainerInfo, PodInfo
 
@@ -79,6 +90,7 @@ __all__ = [
     "ServerSettings",
     "container_from_request",
     "container_response",
+    "plugins_in_effect",
     "pod_from_container_request",
     "pod_from_request",
     "pod_response",
@@ -216,14 +228,28 @@ def container_response(response: HookResponse) -> Any:
 # --- registration file --------------------------------------------------------------------------
 
 
+def plugins_in_effect(runner: PluginRunner) -> tuple[Plugin, ...]:
+    """The runner's enabled plugins less those the policy in force switches off for every QoS
+    class: the plugins a hook call may run. A plugin skipped for a node handle it needs stays:
+    the node does not change while the server runs, and the skip is logged per call."""
+    return tuple(
+        plugin
+        for plugin in runner.plugins
+        if runner.skip_reason(plugin) or not all(runner.skip_reason(plugin, qos) for qos in QoSClass)
+    )
+
+
 def registration(runner: PluginRunner, settings: ServerSettings) -> dict[str, Any]:
-    """The registration file's content for the runner's enabled plugins."""
-    points = [point for point in HookPoint if point in runner.hook_points]
-    longest = max((sum(p.timeout for p in runner.plugins_for(point)) for point in points), default=0.0)
+    """The registration file's content for the runner's plugins in effect (``plugins_in_effect``)."""
+    plugins = plugins_in_effect(runner)
+    points = [point for point in HookPoint if any(point in plugin.hook_points for plugin in plugins)]
+    longest = max(
+        (sum(p.timeout for p in runner.plugins_for(point) if p in plugins) for point in points), default=0.0
+    )
     return {
         "remote-endpoint": os.path.abspath(settings.endpoint),
         # A plugin that must not be skipped makes the proxy refuse the CRI call too.
-        "failure-policy": "Fail" if any(p.failure_policy == "fail" for p in runner.plugins) else "Ignore",
+        "failure-policy": "Fail" if any(p.failure_policy == "fail" for p in plugins) else "Ignore",
         "runtime-hooks": [point.value for point in points],
         "timeout": round(min(MAX_TIMEOUT, longest + TIMEOUT_MARGIN), 3),
         "index": settings.registration_index,
@@ -281,16 +307,18 @@ class RuntimeHooksServer:
     """RuntimeHookService for ``runner``'s plugins on ``settings.endpoint``; see the module doc.
 
     ``start()`` runs the plugins' on_start, takes the socket, serves and registers;
-    ``stop()`` unregisters, serves on for ``deregister_grace`` seconds, stops serving (calls
-    in flight get ``stop_grace`` seconds), runs on_stop and releases the socket. Also an
-    async context manager.
+    ``policy_changed`` brings the registration in line with a new policy; ``stop()``
+    unregisters, serves on for ``deregister_grace`` seconds, stops serving (calls in flight get
+    ``stop_grace`` seconds), runs on_stop and releases the socket. Also an async context manager.
     """
 
     def __init__(self, runner: PluginRunner, settings: ServerSettings | None = None) -> None:
         self.runner = runner
         self.settings = settings if settings is not None else ServerSettings()
         self.endpoint = os.path.abspath(self.settings.endpoint)
-        self.registration_path: str | None = None
+        self.registration_path: str | None = None  # where our registration is or was; None: never made
+        # What the registration says now (no file when it lists no hook point); None: not registered.
+        self._registration: dict[str, Any] | None = None
         self._server: H2Server | None = None
         self._listener: UnixListener | None = None
         self._started = False
@@ -356,22 +384,38 @@ class RuntimeHooksServer:
         if listener is not None:
             listener.close()  # unlinks the socket (if still ours), then releases the lock
 
+    def policy_changed(self, policy: Policy) -> None:
+        """Rewrite (or remove) the registration if the policy now in force (the runner's, which
+        ``policy`` is) changes what it says; a PolicyWatcher listener, run on the event loop.
+        A file that cannot be written is logged and tried again at the next change."""
+        if not self._started:
+            return
+        try:
+            self._register()
+        except OSError as exc:
+            log.error("cannot update the registration; the proxy keeps the previous one", error=str(exc))
+
     def _register(self) -> None:
+        """Put the registration for the plugins in effect in place, unless it is there already."""
         directory = self.settings.hook_config_dir
         if not directory:
             return
-        path = os.path.join(directory, self.settings.registration_name)
         content = registration(self.runner, self.settings)
-        if not content["runtime-hooks"]:
-            log.warning("no enabled plugin handles a hook point; not registering", directory=directory)
-            remove_registration(path, self.endpoint)
+        if content == self._registration:
             return
-        self.registration_path = write_registration(directory, self.settings.registration_name, content)
-        log.info("registered with the proxy", path=self.registration_path, hooks=content["runtime-hooks"])
+        path = os.path.join(directory, self.settings.registration_name)
+        if not content["runtime-hooks"]:
+            log.warning("no plugin in effect handles a hook point; not registered", directory=directory)
+            remove_registration(path, self.endpoint)
+        else:
+            self.registration_path = write_registration(directory, self.settings.registration_name, content)
+            hooks, policy = content["runtime-hooks"], content["failure-policy"]
+            log.info("registered with the proxy", path=path, hooks=hooks, failure_policy=policy)
+        self._registration = content
 
     def _unregister(self) -> bool:
-        """Remove our registration file; whether there was one (the proxy may still be calling)."""
-        path, self.registration_path = self.registration_path, None
+        """Remove our registration file; whether we ever registered (the proxy may still be calling)."""
+        path, self.registration_path, self._registration = self.registration_path, None, None
         if path is None:
             return False
         try:
@@ -384,7 +428,7 @@ class RuntimeHooksServer:
 
     def _handlers(self) -> dict[str, UnaryHandler]:
         return {
-            f"/{SERVICE}/{point.rpc}": self._rpc(point) if point in self.runner.hook_points else _unimplemented(point)
+            f"/{SERVICE}/{point.rpc}": self._rpc(point) if point in self.runner.hook_points else _no_change
             for point in HookPoint
         }
 
@@ -430,8 +474,6 @@ def _decode(request_type: Any, raw: bytes, point: HookPoint) -> Any:
         raise RpcError(StatusCode.INTERNAL, f"runtime-hooks: the {point.rpc} request does not decode: {exc}") from None
 
 
-def _unimplemented(point: HookPoint) -> UnaryHandler:
-    async def call(raw: bytes, info: CallInfo) -> bytes:
-        raise RpcError(StatusCode.UNIMPLEMENTED, f"runtime-hooks: no enabled plugin handles {point.value}")
-
-    return call
+async def _no_change(raw: bytes, info: CallInfo) -> bytes:
+    """A hook point no enabled plugin handles: the empty response, valid for every hook RPC."""
+    return b""

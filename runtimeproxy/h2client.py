@@ -20,10 +20,15 @@ windows, protocol errors), itself on the relay's frame helpers and HPACK code:
   an idle gap, with cold CPU caches, where every Python call on the path costs;
 * responses up to ``max_message_size`` are accepted: our windows are opened that far and
   credited back once half of one is used (so a response of normal size costs no
-  WINDOW_UPDATE); a larger one ends the call with RESOURCE_EXHAUSTED.
+  WINDOW_UPDATE); a larger one ends the call with RESOURCE_EXHAUSTED;
+* the server is held to the HTTP/2 limits every peer is (relay.peer_limits): one over a limit
+  is cut off and its calls fail with UNAVAILABLE naming it; a call that times out while the
+  server reads nothing of ours leaves that connection to its calls in flight, and the next
+  call opens a new one.
 
 Errors are `RpcError` (code and details, as grpc's AioRpcError offers them); `status_of`
-reads the code of either kind. Both live in h2peer and are re-exported here.
+reads the code of either kind. Both live in h2peer and are re-exported here. An HTTP answer
+that is no gRPC answer at all is a `NotGrpcAnswer`, an RpcError that also says what came.
 """
 
 from __future__ import annotations
@@ -48,8 +53,9 @@ from runtimeproxy.h2peer import (
 from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.grpc_wire import StatusCode
 from runtimeproxy.relay.hpack_literal import encode_literal_block
+from runtimeproxy.relay.peer_limits import DEFAULT_LIMITS, GRPC_SERVER, LimitSettings
 
-__all__ = ["H2Channel", "RpcError", "details_of", "status_of"]
+__all__ = ["H2Channel", "NotGrpcAnswer", "RpcError", "details_of", "status_of"]
 
 T = TypeVar("T")
 
@@ -76,6 +82,20 @@ _HTTP_CODES: Final[dict[str, StatusCode]] = {
     "503": StatusCode.UNAVAILABLE,
     "504": StatusCode.UNAVAILABLE,
 }
+
+
+class NotGrpcAnswer(RpcError):
+    """The server answered with an HTTP response that is no gRPC answer: an HTTP status other than
+    200 without grpc-status, or a content-type other than application/grpc. ``code()`` is gRPC's
+    mapping of the HTTP status (so HTTP 404 is UNIMPLEMENTED); ``http_status`` and
+    ``content_type`` say what came, for callers to whom such an answer is never a gRPC status
+    (the hook dispatcher: an HTTP 404 is no hook server saying it lacks a hook)."""
+
+    def __init__(self, code: int, http_status: str, content_type: str) -> None:
+        self.http_status = http_status
+        self.content_type = content_type
+        status = f"HTTP {http_status}" if http_status else "no HTTP status"
+        super().__init__(code, f"{status} {content_type or 'without content-type'}, not a gRPC answer")
 
 
 def timeout_header(seconds: float) -> str:
@@ -156,8 +176,8 @@ class _Call(PeerStream):
 class _Connection(H2Peer[_Call]):
     """The HTTP/2 client side of one connection: calls on odd stream ids (h2peer does the frames)."""
 
-    def __init__(self, name: str, max_message_size: int) -> None:
-        super().__init__(name, max_message_size, server=False)
+    def __init__(self, name: str, max_message_size: int, limits: LimitSettings = DEFAULT_LIMITS) -> None:
+        super().__init__(name, max_message_size, server=False, peer=GRPC_SERVER, limits=limits)
         self.next_id = 1
         self.usable = True  # False after GOAWAY, a connection error or the last stream id
         self.retired = False  # replaced by a new connection: closed once its calls ended
@@ -245,14 +265,16 @@ class _Connection(H2Peer[_Call]):
                 return  # h2server's: nothing to check
             fields = dict(headers)
             call.encoding = fields.get("grpc-encoding", "identity")
-            http_status = fields.get(":status", "")
+            http_status, content_type = fields.get(":status", ""), fields.get("content-type", "")
+            code: StatusCode | None = None
             if http_status != "200" and "grpc-status" not in fields:
                 code = _HTTP_CODES.get(http_status, StatusCode.UNKNOWN)
-                self._end(stream_id, code, f"the server answered HTTP status {http_status or '(none)'}", end_stream)
-                return
-            if not fields.get("content-type", "").startswith("application/grpc"):
-                reason = f"content-type {fields.get('content-type', '')!r} is not gRPC"
-                self._end(stream_id, StatusCode.UNKNOWN, reason, end_stream)
+            elif not content_type.startswith("application/grpc"):
+                code = StatusCode.UNKNOWN
+            if code is not None:
+                error = NotGrpcAnswer(code, http_status, content_type)
+                call.finish(error)  # _end then forgets or resets the stream; the call has this error
+                self._end(stream_id, code, error.details(), end_stream)
                 return
             if not end_stream:
                 return
@@ -334,12 +356,13 @@ class H2Channel:
     the serialized response, or raises `RpcError`: the server's status, UNAVAILABLE when the
     socket cannot be reached or the connection is lost, DEADLINE_EXCEEDED after ``timeout``,
     RESOURCE_EXHAUSTED for a message over ``max_message_size``, INTERNAL for an answer that
-    is no valid gRPC response.
+    is no valid gRPC response. The server is held to ``limits`` (relay.peer_limits).
     """
 
-    def __init__(self, path: str, *, max_message_size: int) -> None:
+    def __init__(self, path: str, *, max_message_size: int, limits: LimitSettings = DEFAULT_LIMITS) -> None:
         self.path = path
         self.max_message_size = max_message_size
+        self.limits = limits
         self._connection: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
 
@@ -376,6 +399,8 @@ class H2Channel:
                 timer.cancel()
                 if stream_id in connection.streams:
                     connection.reset(stream_id)
+                    if connection.writing_paused:  # the server reads nothing: later calls get a new connection
+                        connection.usable = False
                 if connection.retired and not connection.streams:
                     connection.close()
             connection = self._connection
@@ -398,7 +423,7 @@ class H2Channel:
                 connection.retired = True
                 if not connection.streams:
                     connection.close()
-            made = _Connection(f"unix://{self.path}", self.max_message_size)
+            made = _Connection(f"unix://{self.path}", self.max_message_size, self.limits)
             try:
                 await asyncio.get_running_loop().create_unix_connection(lambda: made, self.path)
             except OSError as exc:

@@ -17,7 +17,11 @@ connection state both sides need the same way:
 * our receive windows: opened at once to a whole message of the largest size, so a large
   message needs no round trips; the connection's credited back here as DATA arrives (batched
   to half a window), a stream's by the subclass if it needs to;
-* protocol errors: GOAWAY with the RFC's error code, connection closed, one log line.
+* protocol errors: GOAWAY with the RFC's error code, connection closed, one log line;
+* the limits every peer is held to (relay.peer_limits): PING, SETTINGS, RST_STREAM, empty and
+  CONTINUATION frames counted, control answers capped while the peer does not read; a peer
+  over one gets GOAWAY ENHANCE_YOUR_CALM. Above its high-water mark the write buffer stops
+  the reading (backpressure), and messages wait for it to drain (`send`).
 
 Subclasses get the stream-level events (`_on_headers`, `_on_data`, `_on_rst_stream`,
 `_on_goaway`) and the end of the connection (`_closed`, exactly once). Also here: `RpcError`,
@@ -41,6 +45,15 @@ import structlog
 from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.grpc_wire import StatusCode
 from runtimeproxy.relay.hpack_cache import CachingDecoder
+from runtimeproxy.relay.peer_limits import (
+    CLOSE_GRACE,
+    DEFAULT_LIMITS,
+    LimitSettings,
+    PeerLimits,
+    PeerOverLimit,
+    header_block_over,
+    peer_pid,
+)
 
 __all__ = [
     "GRPC_OK_TRAILERS",
@@ -68,7 +81,7 @@ FLOW_CONTROL_ERROR: Final = 0x3
 STREAM_CLOSED: Final = 0x5
 FRAME_SIZE_ERROR: Final = 0x6
 COMPRESSION_ERROR: Final = 0x9
-ENHANCE_YOUR_CALM: Final = 0xB
+ENHANCE_YOUR_CALM: Final = frames.ENHANCE_YOUR_CALM
 # Largest header block (and decoded header list) accepted from the peer; grpc-core's default
 # hard limit for metadata is 16 KiB, so this leaves room.
 MAX_HEADER_BLOCK: Final = 64 * 1024
@@ -237,9 +250,19 @@ class H2Peer(asyncio.Protocol, Generic[S]):
     """
 
     def __init__(
-        self, name: str, max_message_size: int, *, server: bool, settings: Mapping[int, int] | None = None
+        self,
+        name: str,
+        max_message_size: int,
+        *,
+        server: bool,
+        peer: str,
+        settings: Mapping[int, int] | None = None,
+        limits: LimitSettings = DEFAULT_LIMITS,
     ) -> None:
         self.name = name
+        self.peer_limits = PeerLimits(peer, limits)  # ``peer``: its kind (peer_limits.PEER_KINDS)
+        self.writing_paused = False  # the write buffer is over its high-water mark: senders wait
+        self._gone = False  # connection_lost came: nothing left to abort
         self.limit = max_message_size
         # Our receive windows: a whole message of the largest size fits at once.
         self.window = min(max_message_size + grpc_wire.PREFIX_LEN, frames.MAX_WINDOW_INCREMENT)
@@ -271,11 +294,14 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         self._headers_of = 0  # stream whose header block continues in CONTINUATION frames
         self._block = bytearray()
         self._block_flags = 0
+        self._continuations = 0  # CONTINUATION frames in the open header block
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        limits = self.peer_limits.values
+        transport.set_write_buffer_limits(high=limits.write_buffer_high, low=limits.write_buffer_low)
         transport.write(
             (b"" if self._server else frames.PREFACE)
             + frames.settings(self._settings_sent)
@@ -283,6 +309,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._gone = True
         reason = f": {exc}" if exc else ""
         self._lose(f"connection to {self.name} closed{reason}")
 
@@ -299,6 +326,9 @@ class H2Peer(asyncio.Protocol, Generic[S]):
                 offset = self._parse(data, offset)
                 if offset < len(data) and self.lost is None:
                     self._buffer += memoryview(data)[offset:]
+        except PeerOverLimit as exc:
+            self.peer_limits.report(exc, self.name, peer_pid(self.transport))
+            self.abort(ENHANCE_YOUR_CALM, str(exc))
         except ProtocolViolation as exc:
             log.warning(
                 "closing the HTTP/2 connection: the peer broke the protocol",
@@ -308,6 +338,21 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         except Exception as exc:  # our bug: this connection ends, the others go on
             log.exception("closing the HTTP/2 connection: internal error", peer=self.name, error=repr(exc))
             self.abort(frames.INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+
+    def pause_writing(self) -> None:
+        """The write buffer went over its high-water mark: read nothing more from a peer that
+        does not read what it gets, and let senders wait (backpressure)."""
+        self.writing_paused = True
+        self.peer_limits.pause(True)
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self.peer_limits.pause(False)
+        if self.transport is not None:
+            self.transport.resume_reading()
+        self.progress.set()  # senders waiting for the buffer to drain
 
     # -- for subclasses ------------------------------------------------------------------------
 
@@ -351,15 +396,28 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         if self.transport is not None and self.lost is None:
             self.transport.write(data)
 
+    def answer(self, data: bytes) -> None:
+        """Write a control frame that answers the peer (PING or SETTINGS ACK, RST_STREAM): capped
+        while the peer does not read (peer_limits, ``queued_answers``)."""
+        self.peer_limits.answered()
+        self.write(data)
+
     def send_message_now(self, stream_id: int, stream: S, head: bytes, message: bytes, tail: bytes) -> bool:
         """`send` of one uncompressed gRPC ``message`` (its 5-byte prefix packed here, with the
         DATA frame's header) when it fits one DATA frame within the windows (the usual case):
-        written at once, in one write, and True; else nothing is written and False."""
+        written at once, in one write, and True; else nothing is written and False (also while
+        the write buffer is over its mark)."""
         size = len(message)
         take = size + _PREFIX_LEN
-        if take <= self.send_window and take <= stream.send_window and take <= self.peer_max_frame:
+        if (
+            take <= self.send_window
+            and take <= stream.send_window
+            and take <= self.peer_max_frame
+            and not self.writing_paused
+        ):
             self.send_window -= take
             stream.send_window -= take
+            self.peer_limits.data_sent()
             data = _pack_data_message(take >> 8, take & 0xFF, _DATA, 0 if tail else _END_STREAM, stream_id, 0, size)
             if self.transport is not None and self.lost is None:  # write(), inlined: a call less
                 self.transport.write(head + data + message + tail)
@@ -369,22 +427,23 @@ class H2Peer(asyncio.Protocol, Generic[S]):
     async def send(self, stream_id: int, stream: S, head: bytes, body: bytes, tail: bytes) -> bool:
         """Write ``head`` (frames), the non-empty ``body`` as DATA frames within the peer's
         windows and maximum frame size, then ``tail`` (frames). The last DATA frame carries
-        END_STREAM when there is no tail. What fits at once goes out in one write. False when
-        the stream or the connection ended while waiting for a window. (A call's usual message
-        goes by `send_message_now`.)"""
+        END_STREAM when there is no tail. What fits at once goes out in one write; nothing goes
+        while the write buffer is over its mark. False when the stream or the connection ended
+        while waiting. (A call's usual message goes by `send_message_now`.)"""
         out = bytearray(head)
         view = memoryview(body)
         while True:
-            take = min(self.send_window, stream.send_window, len(view))
+            take = 0 if self.writing_paused else min(self.send_window, stream.send_window, len(view))
             if take > 0:
                 chunk, view = view[:take], view[take:]
                 self.send_window -= take
                 stream.send_window -= take
                 out += b"".join(frames.data_frames(stream_id, bytes(chunk), self.peer_max_frame, not view and not tail))
-            if not view:
+                self.peer_limits.data_sent()
+            if not view and not self.writing_paused:
                 self.write(bytes(out + tail))
                 return True
-            if out:
+            if out and not self.writing_paused:
                 self.write(bytes(out))
                 out.clear()
             await self.wait_progress()
@@ -392,11 +451,17 @@ class H2Peer(asyncio.Protocol, Generic[S]):
                 return False
 
     def abort(self, h2_code: int, reason: str) -> None:
-        """End the connection for a protocol error: GOAWAY ``h2_code``, then close."""
+        """End the connection for a protocol error: GOAWAY ``h2_code``, then close; a peer that
+        does not read it is cut off after CLOSE_GRACE seconds."""
         if self.transport is not None and self.lost is None:
             self.transport.write(frames.goaway(self._last_stream_id(), h2_code, reason.encode()[:200]))
             self.transport.close()
+            self.loop.call_later(CLOSE_GRACE, self._cut_off)
         self._lose(f"HTTP/2 connection to {self.name} failed: {reason}")
+
+    def _cut_off(self) -> None:
+        if not self._gone and self.transport is not None:
+            self.transport.abort()
 
     def _lose(self, reason: str) -> None:
         if self.lost is None:
@@ -438,14 +503,14 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             # A call's frames right here (see the module doc); the rest through _frame.
             if self._headers_of or not stream_id:
                 self._frame(ftype, flags, stream_id, payload)
-            elif ftype == _DATA and not flags & _PADDED:
+            elif ftype == _DATA and not flags & _PADDED and length:
                 unacked = self.unacked + length  # _credit_connection, inlined: a call less
                 if unacked >= self.credit_at:
                     self.write(frames.window_update(0, unacked))
                     unacked = 0
                 self.unacked = unacked
                 self._on_data(stream_id, payload, flags & _END_STREAM != 0, length)
-            elif ftype == _HEADERS and flags & _PLAIN_HEADERS_MASK == _END_HEADERS:
+            elif ftype == _HEADERS and flags & _PLAIN_HEADERS_MASK == _END_HEADERS and length:
                 headers = self._literal_blocks.get(payload)
                 if headers is None:
                     headers = self._decode(payload)
@@ -466,14 +531,16 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         elif ftype == frames.RST_STREAM:
             if len(payload) != 4 or not stream_id:
                 raise ProtocolViolation(frames.PROTOCOL_ERROR, "malformed RST_STREAM")
+            self.peer_limits.reset()
             self._on_rst_stream(stream_id, int.from_bytes(payload, "big"))
         elif ftype == frames.SETTINGS:
             self._settings(flags, stream_id, payload)
         elif ftype == frames.PING:
             if len(payload) != 8 or stream_id:
                 raise ProtocolViolation(frames.PROTOCOL_ERROR, "malformed PING")
+            self.peer_limits.ping()  # ACKs too: we send no PING, so none answers one of ours
             if not flags & frames.FLAG_ACK:
-                self.write(frames.frame(frames.PING, frames.FLAG_ACK, 0, payload))
+                self.answer(frames.ping_ack(payload))
         elif ftype == frames.GOAWAY:
             if len(payload) < 8 or stream_id:
                 raise ProtocolViolation(frames.PROTOCOL_ERROR, "malformed GOAWAY")
@@ -492,6 +559,8 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             raise ProtocolViolation(FRAME_SIZE_ERROR, "padded DATA without its pad length")
         if flags & frames.FLAG_PADDED and payload[0] >= len(payload):
             raise ProtocolViolation(frames.PROTOCOL_ERROR, "DATA padding longer than the frame")
+        if not payload and not flags & frames.FLAG_END_STREAM:
+            self.peer_limits.empty_frame()
         start, end = frames.data_bounds(flags, payload, 0, len(payload))
         self._credit_connection(len(payload))  # padding counts too (RFC 9113 section 6.1)
         self._on_data(stream_id, payload[start:end], bool(flags & frames.FLAG_END_STREAM), len(payload))
@@ -500,6 +569,8 @@ class H2Peer(asyncio.Protocol, Generic[S]):
         if ftype == frames.CONTINUATION:
             if stream_id != self._headers_of or not stream_id:
                 raise ProtocolViolation(frames.PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+            self._continuations += 1
+            self.peer_limits.continuation(self._continuations)
             self._block += payload
         else:
             if not stream_id:
@@ -509,8 +580,11 @@ class H2Peer(asyncio.Protocol, Generic[S]):
                 raise ProtocolViolation(frames.PROTOCOL_ERROR, "HEADERS padding longer than the frame")
             self._block = bytearray(frames.header_block_fragment(flags, payload))
             self._block_flags = flags
+            self._continuations = 0
+            if not self._block and not flags & frames.FLAG_END_STREAM:
+                self.peer_limits.empty_frame()
         if len(self._block) > MAX_HEADER_BLOCK:
-            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
+            raise header_block_over(MAX_HEADER_BLOCK, len(self._block))
         if not flags & frames.FLAG_END_HEADERS:
             self._headers_of = stream_id
             return
@@ -531,7 +605,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             if headers is None:
                 return self.decoder.decode(block)
         except hpack.OversizedHeaderListError:
-            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"header list over {MAX_HEADER_BLOCK} bytes") from None
+            raise header_block_over(MAX_HEADER_BLOCK) from None
         except hpack.HPACKError as exc:
             raise ProtocolViolation(COMPRESSION_ERROR, f"header block does not decode: {exc}") from None
         if len(self._literal_blocks) >= MAX_LITERAL_BLOCKS:
@@ -549,6 +623,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
     def _settings(self, flags: int, stream_id: int, payload: bytes) -> None:
         if stream_id or (flags & frames.FLAG_ACK and payload) or len(payload) % 6:
             raise ProtocolViolation(frames.PROTOCOL_ERROR, "malformed SETTINGS")
+        self.peer_limits.settings(len(payload))
         if flags & frames.FLAG_ACK:
             return
         values = frames.parse_settings(payload)
@@ -568,7 +643,7 @@ class H2Peer(asyncio.Protocol, Generic[S]):
             self.peer_max_frame = max_frame
         self.peer_max_streams = values.get(SETTINGS_MAX_CONCURRENT_STREAMS, self.peer_max_streams)
         self.progress.set()
-        self.write(frames.settings_ack())
+        self.answer(frames.settings_ack())
 
     def _window_update(self, stream_id: int, payload: bytes) -> None:
         if len(payload) != 4:

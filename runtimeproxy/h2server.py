@@ -28,7 +28,10 @@ machinery it shares with our client (runtimeproxy.h2peer):
 * the response is sent within the client's stream and connection windows and its maximum frame
   size; headers, message and trailers go out in one write when they fit;
 * protocol errors end the connection with GOAWAY and its code and a log line; other
-  connections are not affected.
+  connections are not affected. So does a client over one of the limits every HTTP/2 peer is
+  held to (relay.peer_limits: floods of PING, SETTINGS, RST_STREAM, empty or CONTINUATION
+  frames), with ENHANCE_YOUR_CALM; a client that does not read what it asked for is read no
+  more until it does (backpressure).
 
 Each call's handler runs as a task of its own, from the read that completed its request: so
 ``asyncio.current_task()``, ``asyncio.timeout()`` and cancellation work in it as in any task.
@@ -68,6 +71,7 @@ from runtimeproxy.h2peer import (
 from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.grpc_wire import StatusCode
 from runtimeproxy.relay.hpack_literal import encode_literal_block
+from runtimeproxy.relay.peer_limits import DEFAULT_LIMITS, GRPC_CLIENT, LimitSettings
 
 __all__ = ["MAX_CONCURRENT_STREAMS", "CallInfo", "H2Server", "RpcError", "UnaryHandler"]
 
@@ -157,8 +161,10 @@ class _Connection(H2Peer[_Stream]):
     """The server side of one HTTP/2 connection."""
 
     def __init__(self, server: H2Server, name: str) -> None:
-        limits = {SETTINGS_MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS}
-        super().__init__(name, server.max_message_size, server=True, settings=limits)
+        announced = {SETTINGS_MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS}
+        super().__init__(
+            name, server.max_message_size, server=True, peer=GRPC_CLIENT, settings=announced, limits=server.limits
+        )
         self.server = server
         self.last_seen = 0  # highest stream id the client opened
         self.last_accepted = 0  # highest stream id we process (GOAWAY's last stream id)
@@ -189,7 +195,7 @@ class _Connection(H2Peer[_Stream]):
             if not self.draining:  # the client ignored our SETTINGS_MAX_CONCURRENT_STREAMS
                 log.warning("refusing a gRPC stream: too many open", server=self.server.name, peer=self.name,
                             stream=stream_id, limit=MAX_CONCURRENT_STREAMS)
-            self.write(frames.rst_stream(stream_id, frames.REFUSED_STREAM))  # clients retry these
+            self.answer(frames.rst_stream(stream_id, frames.REFUSED_STREAM))  # clients retry these
             return
         self.last_accepted = stream_id
         key = tuple(headers)
@@ -294,7 +300,7 @@ class _Connection(H2Peer[_Stream]):
         stream = self._forget(stream_id)
         if stream is not None:
             stream.cancel()
-        self.write(frames.rst_stream(stream_id, h2_code))
+        self.answer(frames.rst_stream(stream_id, h2_code))
 
     # -- calls --------------------------------------------------------------------------------------
 
@@ -508,14 +514,23 @@ class H2Server:
 
     A handler gets the serialized request and its `CallInfo` and returns the serialized
     response, or raises `RpcError` to answer a status. Requests and responses are limited to
-    ``max_message_size`` bytes. ``name`` names the server in log lines.
+    ``max_message_size`` bytes. ``name`` names the server in log lines. Clients are held to
+    ``limits`` (relay.peer_limits).
     """
 
-    def __init__(self, handlers: Mapping[str, UnaryHandler], *, max_message_size: int, name: str = "grpc") -> None:
+    def __init__(
+        self,
+        handlers: Mapping[str, UnaryHandler],
+        *,
+        max_message_size: int,
+        name: str = "grpc",
+        limits: LimitSettings = DEFAULT_LIMITS,
+    ) -> None:
         # ":path" to the handler, and whether it runs at once (it cannot suspend; module doc).
         self.routes = {path: (handler, never_suspends(handler)) for path, handler in handlers.items()}
         self.max_message_size = max_message_size
         self.name = name
+        self.limits = limits
         self.changed = asyncio.Event()  # set when a call or a connection ends, once stopping
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None

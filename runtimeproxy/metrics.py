@@ -1,7 +1,9 @@
-"""Prometheus metrics for relayed CRI calls and the HTTP endpoint that serves them."""
+"""Prometheus metrics for relayed CRI calls, the HTTP/2 limits peers went over, and the HTTP
+endpoint that serves them."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import socket
@@ -19,6 +21,7 @@ from prometheus_client import metrics as prometheus_metrics
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import INF, floatToGoString
 
+from runtimeproxy.relay import peer_limits
 from runtimeproxy.relay.grpc_wire import code_name
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "CallFamilies",
     "CallMetrics",
     "MetricsServer",
+    "PeerLimitMetrics",
     "StoreMetrics",
     "format_address",
     "parse_address",
@@ -222,6 +226,38 @@ class StoreMetrics:
         self.unreadable.labels(kind=kind).inc()
 
 
+class PeerLimitMetrics:
+    """``runtimeproxy_h2_peer_limit_exceeded_total{peer,limit}``: HTTP/2 peers cut off for going
+    over a limit (relay.peer_limits), in this process, whichever of its connections it was. Every
+    peer kind and limit is exported, at 0 until it happens, so that an alert sees the first one."""
+
+    NAME = "runtimeproxy_h2_peer_limit_exceeded"
+    HELP = (
+        "HTTP/2 connections closed with ENHANCE_YOUR_CALM because the peer went over a limit, by peer "
+        "(cri_client, runtime, grpc_server, grpc_client) and limit."
+    )
+
+    def _family(self) -> CounterMetricFamily:
+        return CounterMetricFamily(self.NAME, self.HELP, labels=("peer", "limit"))
+
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
+
+    def collect(self) -> Iterator[Metric]:
+        counts = peer_limits.exceeded_counts()
+        family = self._family()
+        for peer in peer_limits.PEER_KINDS:
+            for limit in peer_limits.LIMIT_NAMES:
+                family.add_metric((peer, limit), float(counts.get((peer, limit), 0)))
+        yield family
+
+
+def _export_peer_limits(registry: CollectorRegistry) -> None:
+    """Every daemon that serves metrics exports the peer-limit counter, once per registry."""
+    with contextlib.suppress(ValueError):  # registered before (a metrics server started again on it)
+        registry.register(PeerLimitMetrics())
+
+
 def parse_address(address: str) -> tuple[str, int]:
     """Parse ``host:port``, ``[v6]:port`` or ``:port`` into ``(host, port)``.
 
@@ -338,7 +374,9 @@ def start_metrics_server(address: str, registry: CollectorRegistry | None = None
     Raises ValueError for a malformed address and OSError if it cannot be bound.
     """
     host, port = parse_address(address)
-    app = make_wsgi_app(REGISTRY if registry is None else registry)
+    registry = REGISTRY if registry is None else registry
+    _export_peer_limits(registry)
+    app = make_wsgi_app(registry)
     httpd = _bind(host, port, app)
     bound_host, bound_port = httpd.server_address[:2]
     thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)

@@ -418,6 +418,19 @@ class ProxyUnderTest:
         await self.stop()
 
 
+@contextlib.asynccontextmanager
+async def proxy_before_fake_runtime() -> AsyncIterator[ProxyUnderTest]:
+    """The proxy in front of one FakeRuntime, both in a short temporary directory."""
+    with short_tempdir() as directory:
+        fake = await FakeRuntime("runtime").start(sock(directory, "rt.sock"))
+        try:
+            assert fake.path is not None
+            async with ProxyUnderTest(sock(directory, "proxy.sock"), fake.path) as under_test:
+                yield under_test
+        finally:
+            await fake.stop()
+
+
 class RawServer(UnixServer):
     """A grpc.aio server on a unix socket whose handlers take and return raw bytes (no
     (de)serializers), for answering what no well-behaved server would."""

@@ -14,6 +14,9 @@ unix socket with grpc.aio. For every hook point it
 `register()` writes the server's registration file into a hook config directory (atomically:
 write and rename, so the proxy's poller never sees half a file) and `unregister()` removes
 it. `write_registration()` does the same for any endpoint, e.g. one nothing listens on.
+
+`HttpHookServer` is no gRPC server at all: it answers every call with one fixed HTTP response
+(HTTP 404 text/plain, say), as another HTTP server listening on a hook socket would.
 """
 
 from __future__ import annotations
@@ -29,22 +32,29 @@ from typing import Any
 
 import grpc
 import grpc.aio
+import hpack
+from fake_runtime import RawH2Server
 from unix_server import UnixServer
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.relay import frames
+from runtimeproxy.relay.grpc_wire import StatusCode
 
 __all__ = [
     "INVALID_CONTAINER_RESPONSES",
     "INVALID_POD_RESPONSES",
+    "NOT_GRPC_ANSWERS",
     "Custom",
     "Delay",
     "Fail",
     "Hang",
+    "HttpHookServer",
     "Respond",
     "TestHookServer",
     "empty_response",
+    "not_grpc_text",
     "remove_registration",
     "write_registration",
 ]
@@ -310,3 +320,46 @@ class TestHookServer(UnixServer):
         if self._registration is not None:
             remove_registration(*self._registration)
             self._registration = None
+
+
+# -- a server that is no gRPC server ---------------------------------------------------------
+
+# HTTP answers that are no gRPC answer, by test id: (HTTP status, content-type, body) for an
+# HttpHookServer, and the status the proxy refuses a call with when a Fail pre-hook answers so.
+NOT_GRPC_ANSWERS: dict[str, tuple[tuple[str, str | None, bytes], StatusCode]] = {
+    "404-text": (("404", "text/plain", b"404 page not found\n"), StatusCode.INTERNAL),
+    "200-html": (("200", "text/html", b"<html></html>"), StatusCode.INTERNAL),
+    "200-no-content-type": (("200", None, b""), StatusCode.INTERNAL),
+    "500": (("500", "text/plain", b"oops"), StatusCode.INTERNAL),
+    "503": (("503", "text/plain", b""), StatusCode.UNAVAILABLE),
+}
+
+
+def not_grpc_text(status: str, content_type: str | None) -> str:
+    """How the proxy names such an answer in its errors and logs."""
+    return f"HTTP {status} {content_type or 'without content-type'}, not a gRPC answer"
+
+
+class HttpHookServer(RawH2Server):
+    """Answers every call, once its request has ended, with HTTP ``status``, ``content_type``
+    (None: no content-type) and ``body``, and no grpc-status: what an HTTP server that is no
+    hook server answers. `rpcs()` lists the RPCs called, in order."""
+
+    def __init__(self, status: str, content_type: str | None = "text/plain", body: bytes = b"") -> None:
+        super().__init__()
+        self.status = status
+        self.content_type = content_type
+        self.body = body
+
+    def rpcs(self) -> list[str]:
+        return [self.paths[stream].rsplit("/", 1)[-1] for stream in sorted(self.paths)]
+
+    def _answer(self, encoder: hpack.Encoder, sid: int) -> bytes:
+        headers = [(":status", self.status)]
+        if self.content_type is not None:
+            headers.append(("content-type", self.content_type))
+        block = encoder.encode(headers)
+        if not self.body:
+            return frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS | frames.FLAG_END_STREAM, sid, block)
+        head = frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS, sid, block)
+        return head + frames.frame(frames.DATA, frames.FLAG_END_STREAM, sid, self.body)

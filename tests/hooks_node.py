@@ -39,6 +39,7 @@ from pods import (
     Pod,
     extended_resource_spec,
     kubelet_creates_pod_cgroup,
+    read_int,
 )
 from prometheus_client.parser import text_string_to_metric_families
 from runtimeproxy.hooks.testkit.resctrl import make_fake_resctrl
@@ -312,6 +313,17 @@ def run_ls_pod(node: Node, cri: CriClient) -> Pod:
 
 # Batch cpu in milli-cores (Koordinator's kubernetes.io/batch-cpu quantities count milli-cores).
 BE_BATCH = {"app": (250, 500), "side": (100, 300)}  # name -> (request, limit)
+#: What the plugins set for run_be_pod's containers: (cpu.cfs_quota_us, cpu.shares) by name,
+#: quota = batch-cpu limit * 100 µs per milli-core, shares = request * 1024 / 1000.
+BE_VALUES = {name: (limit * 100, request * 1024 // 1000) for name, (request, limit) in BE_BATCH.items()}
+
+
+def be_values(pod: Pod) -> dict[str, tuple[int, int]]:
+    """(cpu.cfs_quota_us, cpu.shares) of each container of a run_be_pod pod, by name."""
+    return {
+        name: (read_int("cpu", "cpu.cfs_quota_us", pod.parent, cid), read_int("cpu", "cpu.shares", pod.parent, cid))
+        for name, cid in pod.containers.items()
+    }
 
 
 def run_be_pod(node: Node, cri: CriClient) -> Pod:

@@ -41,6 +41,9 @@ class CountingTransport:
     def close(self) -> None:
         self.closed = True
 
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default  # no socket behind it
+
 
 class Pair:
     """A RelayConnection with its backend connection settled and a counting transport each way."""

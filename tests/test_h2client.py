@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.h2client import H2Channel, RpcError, _Connection, status_of, timeout_header
+from runtimeproxy.h2client import H2Channel, NotGrpcAnswer, RpcError, _Connection, status_of, timeout_header
 from runtimeproxy.h2peer import MAX_LITERAL_BLOCKS
 from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.grpc_wire import StatusCode
@@ -54,6 +54,9 @@ class FakeTransport:
 
     def is_closing(self) -> bool:
         return self.closed
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass  # it takes everything: the write side never pauses
 
 
 def parse_frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
@@ -311,25 +314,56 @@ async def test_request_waits_for_the_peers_window() -> None:
 
 
 @pytest.mark.parametrize(
-    ("headers", "code"),
+    ("headers", "code", "details"),
     [
-        ([(":status", "404"), ("content-type", "text/plain")], StatusCode.UNIMPLEMENTED),
-        ([(":status", "503")], StatusCode.UNAVAILABLE),
-        ([(":status", "418")], StatusCode.UNKNOWN),
-        ([(":status", "200"), ("content-type", "text/html")], StatusCode.UNKNOWN),
-        ([(":status", "200"), ("content-type", "application/grpc")], StatusCode.INTERNAL),  # no grpc-status
+        ([(":status", "404"), ("content-type", "text/plain")], StatusCode.UNIMPLEMENTED,
+         "HTTP 404 text/plain, not a gRPC answer"),
+        ([(":status", "503")], StatusCode.UNAVAILABLE, "HTTP 503 without content-type, not a gRPC answer"),
+        ([(":status", "418")], StatusCode.UNKNOWN, "HTTP 418 without content-type, not a gRPC answer"),
+        ([(":status", "200"), ("content-type", "text/html")], StatusCode.UNKNOWN,
+         "HTTP 200 text/html, not a gRPC answer"),
+        ([("content-type", "text/html")], StatusCode.UNKNOWN, "no HTTP status text/html, not a gRPC answer"),
+        ([(":status", "200"), ("content-type", "application/grpc")], StatusCode.INTERNAL, None),  # no grpc-status
         ([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "7"), ("grpc-message", "no%20way")],
-         StatusCode.PERMISSION_DENIED),
+         StatusCode.PERMISSION_DENIED, None),
+        ([(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "12")],
+         StatusCode.UNIMPLEMENTED, None),
     ],
 )
-async def test_trailers_only_and_http_answers(headers: list[tuple[str, str]], code: StatusCode) -> None:
+async def test_trailers_only_and_http_answers(
+    headers: list[tuple[str, str]], code: StatusCode, details: str | None
+) -> None:
+    """An HTTP answer that is no gRPC answer is a NotGrpcAnswer saying what came (its code is gRPC's
+    mapping of the HTTP status); a gRPC status, UNIMPLEMENTED included, is a plain RpcError."""
     conn, _ = connected()
     stream_id, call = await open_call(conn)
     feed(conn, header_frames(stream_id, Server().block(headers), True, [], 0), [])
-    got = await outcome(call)
-    assert isinstance(got, tuple) and got[0] == code
+    with pytest.raises(RpcError) as failed:
+        await asyncio.wait_for(call.done, 1.0)
+    assert failed.value.code() == code
+    assert isinstance(failed.value, NotGrpcAnswer) is (details is not None)
+    if isinstance(failed.value, NotGrpcAnswer):
+        fields = dict(headers)
+        assert failed.value.details() == details
+        assert (failed.value.http_status, failed.value.content_type) == (
+            fields.get(":status", ""), fields.get("content-type", "")
+        )
     if code == StatusCode.PERMISSION_DENIED:
-        assert got[1] == "no way"
+        assert failed.value.details() == "no way"
+
+
+async def test_a_non_grpc_answer_with_a_body_ends_the_call_and_resets_the_stream() -> None:
+    """HTTP 404 text/plain with a body (no END_STREAM on the headers): the call ends at the
+    headers, and its stream is reset so the server stops sending."""
+    conn, transport = connected()
+    stream_id, call = await open_call(conn)
+    block = Server().block([(":status", "404"), ("content-type", "text/plain")])
+    feed(conn, header_frames(stream_id, block, False, [], 0), [])
+    with pytest.raises(NotGrpcAnswer) as failed:
+        await asyncio.wait_for(call.done, 1.0)
+    assert failed.value.http_status == "404"
+    resets = [s for t, _, s, p in parse_frames(bytes(transport.written)) if t == frames.RST_STREAM]
+    assert resets == [stream_id] and stream_id not in conn.streams
 
 
 @pytest.mark.parametrize(

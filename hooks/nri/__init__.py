@@ -5,5 +5,6 @@ ttrpc framing (ttrpc.py), NRI's connection multiplexing (mux.py), unary ttrpc en
 the Plugin service answered by the plugin runner (service.py), per-pod order for
 notifications answered before their hooks run (ordering.py), the OOM score written to the
 started container's process (oom.py), NRI data as the plugins see it (mapping.py), which hook
-points run in which mode (modes.py), metrics (metrics.py), what `serve` starts (serving.py).
+points run in which mode (modes.py), container repair in NRI mode (repair.py), metrics
+(metrics.py), what `serve` starts (serving.py).
 """

@@ -6,8 +6,8 @@ no socket (the runtime is down, or NRI is off in its config), not a socket, nobo
 (hooks/nri/mux.py), connection 1 carries the runtime's calls to our Plugin service
 (hooks/nri/rpc.py TtrpcServer) and connection 2 our calls to its Runtime service
 (TtrpcClient). The connection ends when the runtime closes it or sends bytes that cannot be
-demultiplexed; ``closed`` then holds the reason, calls in flight fail and the server's
-tasks are cancelled.
+demultiplexed or framed (a ttrpc frame over the size limit); ``closed`` then holds the
+reason, calls in flight fail and the server's tasks are cancelled.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import structlog
 
 from .mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, MuxError, encode_chunks
 from .rpc import Method, TtrpcClient, TtrpcServer
+from .ttrpc import FrameTooLarge
 
 __all__ = ["NRI_CONFIG_HINT", "NriConnection", "NriUnavailable", "connect"]
 
@@ -101,6 +102,8 @@ class NriConnection:
                 self._route(self._decoder.feed(data))
         except MuxError as exc:
             reason = f"unreadable multiplexed stream: {exc}"
+        except FrameTooLarge as exc:
+            reason = f"unreadable ttrpc stream: {exc}"
         except OSError as exc:
             reason = f"connection error: {exc}"
         finally:

@@ -42,6 +42,7 @@ __all__ = [
     "NotApplied",
     "container_adjustment",
     "container_from_nri",
+    "container_update",
     "pod_from_nri",
     "pod_response_not_applied",
     "resources_from_nri",
@@ -210,9 +211,14 @@ def resources_update(container_id: str, response: HookResponse) -> tuple[list[An
         not_applied.add("cgroup_parent", "NRI cannot move a pod's cgroup")
     if resources is None:
         return [], not_applied
+    return [container_update(container_id, resources)], not_applied
+
+
+def container_update(container_id: str, resources: Any) -> Any:
+    """A ContainerUpdate of ``container_id`` setting ``resources`` (an NRI LinuxResources)."""
     update = nri_pb.ContainerUpdate(container_id=container_id)
     update.linux.resources.CopyFrom(resources)
-    return [update], not_applied
+    return update
 
 
 def pod_response_not_applied(response: HookResponse) -> NotApplied:

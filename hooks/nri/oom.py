@@ -7,10 +7,12 @@ container's process, whose host pid NRI gives in ``Container.pid``. As the memor
 and as the proxy applies it, a value is only ever raised, never lowered (proc(5): the file holds
 one integer, -1000..1000; raising needs no privilege, lowering CAP_SYS_RESOURCE).
 
-Before writing, the process must still be in the container's cgroup (``/proc/<pid>/cgroup``
-names the container id under both cgroup drivers): a pid that exited and was reused by another
-process is never touched. Processes the container forked before PostStartContainer keep the
-value they had (the kernel copies oom_score_adj at fork); its later children inherit ours.
+Before writing, the process must be in the container's cgroup: its ``/proc/<pid>/cgroup``
+must show the very cgroup the runtime gave the container (``Container.linux.cgroups_path``),
+compared by whole path components (hooks/nri/membership.py). A pid that exited and was reused
+by another process, or a pid the runtime's message pairs with the wrong container, is never
+touched. Processes the container forked before PostStartContainer keep the value they had
+(the kernel copies oom_score_adj at fork); its later children inherit ours.
 
 Every outcome other than "raised" or "already as high" is an :class:`OomNotApplied` naming the
 cause, for the caller to log and count. Entries for containers that never start are dropped at
@@ -19,10 +21,14 @@ StopContainer (:meth:`OomScores.forget`), and at most ``limit`` are kept (the ol
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from .membership import ContainerCgroup
 
 __all__ = ["OOM_SCORE_ADJ_MAX", "OOM_SCORE_ADJ_MIN", "OomApplied", "OomNotApplied", "OomScores"]
 
@@ -77,31 +83,61 @@ class OomScores:
         """Drop what was remembered for ``container_id`` (it stopped); the value, or None."""
         return self._pending.pop(container_id, None)
 
-    def apply(self, container_id: str, pid: int) -> OomApplied | None:
-        """Raise the OOM score of ``pid`` (``container_id``'s process) to the remembered value.
-        None when nothing was remembered; OomNotApplied with the cause when it cannot be done."""
+    def apply(self, container_id: str, pid: int, cgroups_path: str) -> OomApplied | None:
+        """Raise the OOM score of ``pid`` (``container_id``'s process, in the cgroup ``cgroups_path``)
+        to the remembered value. None when nothing was remembered; OomNotApplied with the cause
+        when it cannot be done."""
         target = self._pending.pop(container_id, None)
         if target is None:
             return None
         if pid <= 0:
             raise OomNotApplied("the runtime gave no pid for the container")
-        process = self.proc_root / str(pid)
         try:
-            if container_id not in (process / "cgroup").read_text():
-                raise OomNotApplied(f"process {pid} is not in the container's cgroup (it exited; the pid was reused)")
-            current = _parse((process / "oom_score_adj").read_text(), pid)
-            if current < target:
-                (process / "oom_score_adj").write_text(f"{target}\n")
-        except FileNotFoundError:
-            raise OomNotApplied(f"process {pid} is gone (the container exited)") from None
-        except ProcessLookupError:  # ESRCH on a write: the process exited in between
+            cgroup = ContainerCgroup.of(container_id, cgroups_path)
+        except ValueError as exc:
+            raise OomNotApplied(str(exc)) from None
+        try:
+            current = _raise_score(self.proc_root / str(pid), container_id, cgroup, target)
+        except (FileNotFoundError, ProcessLookupError):  # ESRCH: the process exited in between
             raise OomNotApplied(f"process {pid} is gone (the container exited)") from None
         except OSError as exc:
             raise OomNotApplied(f"/proc/{pid}/oom_score_adj: {exc.strerror or exc}") from None
         return OomApplied(pid, current, max(current, target))
 
 
-def _parse(text: str, pid: int) -> int:
+def _raise_score(process: Path, container_id: str, cgroup: ContainerCgroup, target: int) -> int:
+    """The OOM score of the process at ``process`` (its /proc directory), raised to ``target`` when
+    lower; OomNotApplied when the process is not in ``cgroup``. Every file is opened below that
+    directory: once the process exits it stays that process's (ENOENT, ESRCH), even when its pid
+    is given to another."""
+    pid = process.name
+    directory = os.open(process, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if not cgroup.holds(_read(directory, "cgroup")):
+            raise OomNotApplied(
+                f"process {pid} is not in the cgroup of container {container_id} ({cgroup.described}): "
+                "another process, or the pid was reused; left alone"
+            )
+        current = _parse(_read(directory, "oom_score_adj"), pid)
+        if current < target:
+            with open("oom_score_adj", "w", encoding="ascii", opener=_below(directory)) as file:
+                file.write(f"{target}\n")
+        return current
+    finally:
+        os.close(directory)
+
+
+def _below(directory: int) -> Callable[[str, int], int]:
+    """An ``open`` opener for names in the directory open as ``directory``."""
+    return lambda name, flags: os.open(name, flags | os.O_CLOEXEC, dir_fd=directory)
+
+
+def _read(directory: int, name: str) -> str:
+    with open(name, encoding="utf-8", errors="replace", opener=_below(directory)) as file:
+        return file.read()
+
+
+def _parse(text: str, pid: str) -> int:
     try:
         value = int(text.strip())
     except ValueError:

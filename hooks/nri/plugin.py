@@ -17,11 +17,16 @@ connection. A runtime that does send it is logged, and the close that follows is
 "the runtime shut NRI down"; either way the plugin reconnects.
 
 **Reconnecting.** When the connection ends -- the runtime restarts or shuts NRI down, or
-dropped us for a missed deadline -- the plugin connects and registers again, retrying
-with a backoff (0.2 s doubling to 5 s) for as long as it runs; each failure is logged
-with its reason, the reconnection once done. Events of the time between are lost to us
-(the runtime does not queue them); Synchronize on reconnection hands the reconciler the
-runtime's pods again. :meth:`stop` closes the connection for good.
+dropped us for a missed deadline -- the plugin connects and registers again at once, and
+after a failed attempt as soon as the socket's directory changes (inotify,
+runtimeproxy/dirwatch.py: the runtime makes its socket anew when it starts) or after a backoff
+of 0.05 s doubling to 0.4 s, whichever comes first, for as long as it runs. So registration
+follows the socket's return within half a second, with or without inotify. A failure is
+logged at warning when its reason differs from the previous attempt's (at debug when the
+same), the reconnection once done, with the attempts and the seconds without NRI. Events
+of the time between are lost to us (the runtime does not queue them): the Synchronize that
+follows registration repairs the containers created meanwhile (hooks/nri/repair.py) and hands
+the reconciler the runtime's pods again. :meth:`stop` closes the connection for good.
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
+import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
+from runtimeproxy.dirwatch import DirectoryChanges
 
 from .connection import NriConnection, NriUnavailable, connect
 from .rpc import Method, RpcError, StatusCode
@@ -48,25 +56,31 @@ DEFAULT_PLUGIN_NAME: Final = "runtime-hooks"
 DEFAULT_PLUGIN_INDEX: Final = 50
 #: NRI's DefaultPluginRegistrationTimeout: the runtime waits this long for RegisterPlugin.
 REGISTRATION_TIMEOUT: Final = 5.0
+#: The pause between seeing the socket's directory change and connecting: the runtime makes the
+#: socket (bind) a moment before it accepts on it (listen).
+SOCKET_SETTLE: Final = 0.05
 
 
 @dataclass(frozen=True)
 class NriSettings:
     """``socket``: the runtime's NRI socket; ``index`` 0..99 (the order among NRI plugins);
-    ``ready_timeout``: seconds start() waits for registration, Configure and Synchronize."""
+    ``ready_timeout``: seconds start() waits for registration, Configure and Synchronize;
+    ``reconnect_min`` / ``reconnect_max``: the backoff between reconnection attempts (module doc)."""
 
     socket: str
     plugin_name: str = DEFAULT_PLUGIN_NAME
     plugin_index: int = DEFAULT_PLUGIN_INDEX
     ready_timeout: float = 2 * REGISTRATION_TIMEOUT
-    reconnect_min: float = 0.2
-    reconnect_max: float = 5.0
+    reconnect_min: float = 0.05
+    reconnect_max: float = 0.4
 
     def __post_init__(self) -> None:
         if not 0 <= self.plugin_index <= 99:
             raise ValueError(f"NRI plugin index {self.plugin_index} is not 0..99")
         if not self.plugin_name:
             raise ValueError("the NRI plugin name is empty")
+        if not 0 < self.reconnect_min <= self.reconnect_max:
+            raise ValueError(f"NRI reconnect backoff {self.reconnect_min}..{self.reconnect_max}s is not 0 < min <= max")
 
 
 class _Session:
@@ -196,26 +210,56 @@ class NriPlugin:
             connection = self.connection
             assert connection is not None
             reason = await connection.closed
+            lost = time.monotonic()
             self.hooks.metrics.connected.set(0)
             if self._stopping:
                 return
             if self._session.shutdown:
                 reason = f"the runtime shut NRI down ({reason})"
             log.warning("NRI connection lost; reconnecting", reason=reason, socket=self.settings.socket)
-            await self._reconnect()
+            changes = DirectoryChanges(
+                os.path.dirname(self.settings.socket) or ".",
+                self.settings.reconnect_max,
+                what="NRI socket directory",
+                logger=log,
+            )
+            changes.open()  # before the first attempt: a socket made after it wakes the next one
+            try:
+                attempts = await self._reconnect(changes)
+            finally:
+                changes.close()
+            self.hooks.metrics.reconnects.inc()
+            log.info(
+                "NRI plugin re-registered",
+                attempts=attempts,
+                plugin=self.name,
+                without_nri_s=round(time.monotonic() - lost, 3),
+            )
 
-    async def _reconnect(self) -> None:
+    async def _reconnect(self, changes: DirectoryChanges) -> int:
+        """Connect and register until it works (module doc); the attempts it took."""
         delay = self.settings.reconnect_min
         attempts = 0
+        said = ""
         while True:
-            await asyncio.sleep(delay)
             attempts += 1
             try:
                 await self._connect()
             except (NriUnavailable, RpcError, TimeoutError) as exc:
-                log.warning("NRI reconnection failed", error=str(exc), attempts=attempts, retry_in_s=delay)
+                error = str(exc)
+                say = log.warning if error != said else log.debug
+                say("NRI reconnection failed", error=error, attempts=attempts, retry_in_s=delay)
+                said = error
+                await self._socket_changed(changes, delay)
                 delay = min(delay * 2, self.settings.reconnect_max)
                 continue
-            self.hooks.metrics.reconnects.inc()
-            log.info("NRI plugin re-registered", attempts=attempts, plugin=self.name)
+            return attempts
+
+    async def _socket_changed(self, changes: DirectoryChanges, delay: float) -> None:
+        """Until the socket's directory changes (then SOCKET_SETTLE more), at most ``delay`` seconds."""
+        try:
+            async with asyncio.timeout(delay):
+                await changes.wait()
+        except TimeoutError:
             return
+        await asyncio.sleep(SOCKET_SETTLE)

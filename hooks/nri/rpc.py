@@ -8,13 +8,16 @@ hooks/nri/mux.py). Only unary calls exist in NRI: streaming (data frames) is ref
 ns). Each runs in its own task and is answered with a response frame on the same stream id
 holding a ``ttrpc.Response``: the payload, or a status with a gRPC code and message. What
 ttrpc itself refuses is refused the same way: an even or reused stream id, an undecodable
-request (INVALID_ARGUMENT), an oversized one (RESOURCE_EXHAUSTED), an unknown method
-(UNIMPLEMENTED). A method that raises RpcError answers with its code; any other exception
-answers INTERNAL and is logged: a bug never leaves the runtime waiting.
+request (INVALID_ARGUMENT), an unknown method (UNIMPLEMENTED). A method that raises RpcError
+answers with its code; any other exception answers INTERNAL and is logged: a bug never leaves
+the runtime waiting.
 
 **Client.** Each call takes the next odd stream id and waits for its response frame until its
 timeout (sent along as ``timeout_nano``, so the peer knows the deadline too). A status other
 than OK raises RpcError; a closed connection fails every call in flight with UNAVAILABLE.
+
+A frame over ttrpc's size limit makes ``feed`` raise FrameTooLarge (hooks/nri/ttrpc.py), on
+either side: the stream cannot be read on, and the connection is to be closed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from google.protobuf.message import DecodeError
 from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb
 from runtimeproxy.relay.grpc_wire import CODE_NAMES, StatusCode
 
-from .ttrpc import Frame, FrameDecoder, MessageType, Oversized, encode_frame
+from .ttrpc import Frame, FrameDecoder, MessageType, encode_frame
 
 # ttrpc answers with gRPC's status codes (containerd/ttrpc server.go uses google.golang.org/grpc/codes):
 # one table, the relay's.
@@ -68,11 +71,6 @@ class TtrpcServer:
 
     def feed(self, data: bytes) -> None:
         for frame in self._decoder.feed(data):
-            if isinstance(frame, Oversized):
-                log.warning("ttrpc request over the size limit refused", stream=frame.stream_id, bytes=frame.length)
-                if frame.type == MessageType.REQUEST:
-                    self._fail(frame.stream_id, StatusCode.RESOURCE_EXHAUSTED, f"message of {frame.length} bytes")
-                continue
             self._frame(frame)
 
     def _frame(self, frame: Frame) -> None:
@@ -147,9 +145,7 @@ class TtrpcClient:
             if future is None or future.done():
                 log.warning("ttrpc answer for no call in flight ignored", stream=frame.stream_id)
                 continue
-            if isinstance(frame, Oversized):
-                future.set_exception(RpcError(StatusCode.RESOURCE_EXHAUSTED, f"answer of {frame.length} bytes"))
-            elif frame.type != MessageType.RESPONSE:
+            if frame.type != MessageType.RESPONSE:
                 future.set_exception(RpcError(StatusCode.INTERNAL, f"answer of ttrpc message type {frame.type}"))
             else:
                 try:

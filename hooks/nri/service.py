@@ -33,7 +33,8 @@ PostStartContainer (hooks/nri/oom.py): NRI 0.6.1 cannot carry it.
 in ``runtimehooks_nri_not_applied_total``; see hooks/nri/mapping.py.
 
 Synchronize (the runtime's pods and containers when the plugin connects) is handed to
-``on_synchronize``: the reconciler's starting state.
+``on_synchronize``: the reconciler's starting state. Its answer updates the containers whose
+values differ from what the plugins set (hooks/nri/repair.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 
 from ..changes import HookResponse
+from ..container_repair import ContainerRepair
 from ..runner import HookCallFailed, PluginRunner
 from ..views import ContainerInfo, PodInfo
 from .mapping import (
@@ -65,6 +67,7 @@ from .metrics import NriMetrics
 from .modes import DEFERRED, EVENT_NAMES, EVENT_POINTS, event_mask
 from .oom import OomNotApplied, OomScores
 from .ordering import PodQueues
+from .repair import LIVE_STATES, SynchronizeUpdates, synchronize_updates
 from .rpc import Method, RpcError, StatusCode
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "PLUGIN_SERVICE", "RUNTIME_SERVICE", "NriHooks", "SyncCallback"]
@@ -87,7 +90,8 @@ _POD_ANSWERS: Final = frozenset({HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_RE
 
 
 class NriHooks:
-    """The Plugin service's methods (:meth:`methods`) for ``runner``; see the module doc."""
+    """The Plugin service's methods (:meth:`methods`) for ``runner``; see the module doc.
+    ``repair``: container repair at Synchronize (default: one with metrics of its own)."""
 
     def __init__(
         self,
@@ -97,8 +101,11 @@ class NriHooks:
         on_synchronize: SyncCallback | None = None,
         on_shutdown: Callable[[], None] | None = None,
         oom: OomScores | None = None,
+        repair: ContainerRepair | None = None,
     ) -> None:
         self.runner = runner
+        self.repair = repair if repair is not None else ContainerRepair(runner)
+        self.synchronized = SynchronizeUpdates()  # what the last Synchronize answer asked, for the reconciler
         self.metrics = metrics if metrics is not None else NriMetrics()
         self.on_synchronize = on_synchronize
         self.on_shutdown = on_shutdown
@@ -135,14 +142,21 @@ class NriHooks:
 
     async def synchronize(self, payload: bytes, timeout: float | None) -> bytes:
         request = _decode(nri_pb.SynchronizeRequest, payload)
-        pods = [pod_from_nri(pod) for pod in request.pods]
+        deadline = asyncio.get_running_loop().time() + _budget(timeout)
+        pods = {pod.id: pod_from_nri(pod) for pod in request.pods}
         containers: dict[str, list[ContainerInfo]] = {}
+        live: list[tuple[PodInfo, ContainerInfo]] = []
         for container in request.containers:
-            containers.setdefault(container.pod_sandbox_id, []).append(container_from_nri(container))
+            info = container_from_nri(container)
+            containers.setdefault(container.pod_sandbox_id, []).append(info)
+            pod = pods.get(container.pod_sandbox_id)
+            if pod is not None and container.state in LIVE_STATES:
+                live.append((pod, info))
         log.info("NRI synchronized", pods=len(pods), containers=len(request.containers))
         if self.on_synchronize is not None:
-            self.on_synchronize(pods, containers)
-        return bytes(nri_pb.SynchronizeResponse().SerializeToString())
+            self.on_synchronize(list(pods.values()), containers)
+        updates = await synchronize_updates(self.repair, live, deadline, self.synchronized)
+        return bytes(nri_pb.SynchronizeResponse(update=updates).SerializeToString())
 
     async def shutdown(self, payload: bytes, timeout: float | None) -> bytes:
         log.info("the runtime is shutting NRI down")
@@ -280,7 +294,7 @@ class NriHooks:
         container = event.container
         assert container is not None  # PostStartContainer always names its container
         try:
-            applied = self.oom.apply(container.id, container.pid)
+            applied = self.oom.apply(container.id, container.pid, container.linux.cgroups_path)
         except OomNotApplied as exc:
             not_applied = NotApplied()
             not_applied.add("resources.oom_score_adj", str(exc))

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import structlog
 from prometheus_client import CollectorRegistry
 
+from ..container_repair import ContainerRepair
 from ..runner import PluginRunner
 from ..views import ContainerInfo, PodInfo
 from .metrics import NriMetrics
@@ -49,8 +50,12 @@ class StartingState:
             task.cancel()
 
 
-async def start_nri(runner: PluginRunner, settings: NriSettings, registry: CollectorRegistry | None) -> NriPlugin:
-    """The NRI plugin for ``runner``, registered and synchronized (raises with the reason otherwise)."""
-    plugin = NriPlugin(NriHooks(runner, NriMetrics(registry), on_synchronize=StartingState(runner)), settings)
+async def start_nri(
+    runner: PluginRunner, settings: NriSettings, registry: CollectorRegistry | None, repair: ContainerRepair
+) -> NriPlugin:
+    """The NRI plugin for ``runner``, registered and synchronized (raises with the reason otherwise);
+    its Synchronize answers repair containers with ``repair`` (hooks/nri/repair.py)."""
+    hooks = NriHooks(runner, NriMetrics(registry), on_synchronize=StartingState(runner), repair=repair)
+    plugin = NriPlugin(hooks, settings)
     await plugin.start()
     return plugin

@@ -4,8 +4,15 @@ ttrpc (github.com/containerd/ttrpc v1.2.4, channel.go) sends each message as a h
 its payload. The header, big-endian: payload length (uint32), stream id (uint32), message
 type (byte: 1 request, 2 response, 3 data), flags (byte: 1 remote closed, 2 remote open, 4 no
 data). A unary call is one request frame from the client on a new odd stream id (1, 3, 5...)
-and one response frame back on the same id. A payload over 4 MiB is refused: the receiver
-skips it and answers RESOURCE_EXHAUSTED (ttrpc does the same).
+and one response frame back on the same id.
+
+**Size limit.** ttrpc's messageLengthMax is 4 MiB. A header declaring more ends the stream:
+the decoder raises :class:`FrameTooLarge` and the connection must be closed (the plugin then
+reconnects). ttrpc's own receiver discards the declared bytes and answers RESOURCE_EXHAUSTED
+instead; with a length read from a corrupt stream that would swallow up to 4 GiB of it, and
+every request in them would go unanswered. A genuine message over the limit fails either way
+(ttrpc from v1.2.6 refuses to send one; v1.2.4, in containerd 1.7, sends it and a Go
+receiver answers RESOURCE_EXHAUSTED); here the runtime sees the connection close instead.
 
 The decoder is fed whatever the byte stream delivers, split anywhere, and hands back whole
 frames; it never raises on content (an unknown type is still a frame, for the endpoint to
@@ -27,8 +34,8 @@ __all__ = [
     "MAX_MESSAGE_SIZE",
     "Frame",
     "FrameDecoder",
+    "FrameTooLarge",
     "MessageType",
-    "Oversized",
     "encode_frame",
 ]
 
@@ -53,13 +60,14 @@ class Frame:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Oversized:
-    """A frame whose payload was over MAX_MESSAGE_SIZE: skipped, to be answered with an error."""
+class FrameTooLarge(ValueError):
+    """A header declared a payload over the limit: the stream cannot be read on (see the module doc)."""
 
-    stream_id: int
-    type: int
-    length: int
+    def __init__(self, stream_id: int, length: int, limit: int) -> None:
+        self.stream_id = stream_id
+        self.length = length
+        self.limit = limit
+        super().__init__(f"ttrpc frame on stream {stream_id} declares {length} bytes, over the {limit}-byte limit")
 
 
 def encode_frame(stream_id: int, type_: int, payload: bytes, flags: int = 0) -> bytes:
@@ -70,43 +78,35 @@ def encode_frame(stream_id: int, type_: int, payload: bytes, flags: int = 0) -> 
 
 
 class FrameDecoder:
-    """Whole frames out of a byte stream fed in pieces of any size."""
+    """Whole frames out of a byte stream fed in pieces of any size; FrameTooLarge ends it."""
 
     def __init__(self, max_size: int = MAX_MESSAGE_SIZE) -> None:
         self.max_size = max_size
         self._buffer = bytearray()
-        self._skip = 0  # bytes of an oversized payload still to drop
+        self._broken: FrameTooLarge | None = None
 
-    def feed(self, data: bytes) -> list[Frame | Oversized]:
-        out: list[Frame | Oversized] = []
+    def feed(self, data: bytes) -> list[Frame]:
+        """The frames ``data`` completes. FrameTooLarge at a header over ``max_size``, and on
+        every feed after it: the frames before it in the same feed are not handed out, as the
+        connection they came on is to be closed."""
+        if self._broken is not None:
+            raise self._broken
+        out: list[Frame] = []
         self._buffer += data
-        while True:
-            if self._skip:
-                dropped = min(self._skip, len(self._buffer))
-                del self._buffer[:dropped]
-                self._skip -= dropped
-                if self._skip:
-                    return out
-            if len(self._buffer) < HEADER.size:
-                return out
+        while len(self._buffer) >= HEADER.size:
             length, stream_id, type_, flags = HEADER.unpack_from(self._buffer)
             if length > self.max_size:
-                del self._buffer[: HEADER.size]
-                self._skip = length
-                out.append(Oversized(stream_id, type_, length))
-                continue
+                self._buffer.clear()
+                self._broken = FrameTooLarge(stream_id, length, self.max_size)
+                raise self._broken
             end = HEADER.size + length
             if len(self._buffer) < end:
-                return out
+                break
             out.append(Frame(stream_id, type_, flags, bytes(self._buffer[HEADER.size : end])))
             del self._buffer[:end]
+        return out
 
     @property
     def pending(self) -> int:
-        """Bytes of an unfinished frame, held or still to skip (0 between frames)."""
-        return len(self._buffer) + self._skip
-
-    @property
-    def held(self) -> int:
-        """Bytes kept in memory: after a feed, never more than one header plus ``max_size``."""
+        """Bytes of an unfinished frame held: 0 between frames, never more than one header plus ``max_size``."""
         return len(self._buffer)

@@ -2,13 +2,25 @@
 
 Every subscribed server is called, ordered by (index, file name). A pre-hook server
 sees the request as the servers before it left it. Each call is bounded by the server's
-timeout, cut to the time left on kubelet's deadline. Outcomes:
+timeout, cut to the time left on kubelet's deadline. A server registered for a hook point
+answers it with a valid response; anything else fails that hook. Outcomes (the ``outcome``
+label of runtimeproxy_hook_calls):
 
 * ok: the response was valid and merged;
-* unimplemented: the server does not serve this hook, so it simply takes no part;
-* failed / timeout / invalid: under failure policy Fail a pre-hook ends the CRI call
-  with an error naming server and hook; under Ignore it is logged and counted;
-  post-hooks never fail a call (containerd has already carried it out).
+* unregistered: the server answered gRPC UNIMPLEMENTED and its registration, read again while
+  the call was in flight, no longer lists the hook point. This is the one "no such hook": the
+  server takes no part, as it would in any call that started a moment later;
+* unimplemented: gRPC UNIMPLEMENTED for a hook point its registration still lists;
+* not_grpc: an HTTP answer that is no gRPC answer (say HTTP 404 text/plain, from something
+  else listening on the socket), whatever its HTTP status;
+* failed / timeout / invalid: any other gRPC status or no answer; no answer in time; an
+  answer that does not decode or breaks the output rules.
+
+Each of the last five, under failure policy Fail, ends the CRI call of a pre-hook with an
+error naming server, hook and what it answered, with the status the outcome carries (never
+UNIMPLEMENTED, which kubelet would read as the runtime lacking the CRI method); under Ignore
+the call goes on unchanged, and the failure is logged and counted. Post-hooks never fail a
+call (containerd has already carried it out).
 
 Hook servers are called over the proxy's own HTTP/2 client (runtimeproxy.h2client), one
 connection per endpoint, on the event loop: the daemon never loads grpc (about 9 MiB and six
@@ -31,7 +43,7 @@ from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
 from runtimeproxy.dispatch.limits import cut
 from runtimeproxy.dispatch.protocol import InvalidHookOutput
 from runtimeproxy.dispatch.registry import FailurePolicy, HookRegistry, HookServer
-from runtimeproxy.h2client import H2Channel, RpcError
+from runtimeproxy.h2client import H2Channel, NotGrpcAnswer, RpcError
 from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.metrics import CallCollector, CallFamilies
 from runtimeproxy.relay.grpc_wire import StatusCode
@@ -50,17 +62,19 @@ _RPCS: dict[HookPoint, tuple[str, Any]] = {
 # Below this much time left there is no point in calling a hook server.
 MIN_CALL_SECONDS = 0.001
 # Hook outcomes that are no problem: the next server runs, the call's line is logged at info.
-FINE_OUTCOMES = frozenset({"ok", "unimplemented"})
+FINE_OUTCOMES = frozenset({"ok", "unregistered"})
 
 
 @dataclass(frozen=True)
 class HookOutcome:
     server: str
     point: HookPoint
-    outcome: str  # ok | unimplemented | failed | timeout | invalid
+    outcome: str  # ok | unregistered | unimplemented | not_grpc | failed | timeout | invalid
     seconds: float
     error: str = ""
     changes: tuple[str, ...] = ()
+    # The status the CRI call is refused with when this outcome fails it (OK for a fine one).
+    code: StatusCode = StatusCode.OK
 
     def summary(self) -> str:
         text = f"{self.server}:{self.outcome}"
@@ -70,9 +84,9 @@ class HookOutcome:
 class HookFailed(Exception):
     """A pre-hook failed under failure policy Fail: the CRI call must not go on."""
 
-    def __init__(self, result: HookOutcome, server: HookServer, code: StatusCode) -> None:
+    def __init__(self, result: HookOutcome, server: HookServer) -> None:
         self.result = result
-        self.code = code
+        self.code = result.code
         super().__init__(
             f"runtime hook {result.point.value} of hook server {server.name} "
             f"(unix://{server.endpoint}) {result.outcome}: {result.error}"
@@ -82,7 +96,7 @@ class HookFailed(Exception):
 # Exported as they were by a prometheus_client Histogram registered before a Counter.
 _HOOK_FAMILIES = CallFamilies(
     "runtimeproxy_hook_calls",
-    "Hook server calls by outcome: ok, unimplemented, failed, timeout, invalid, skipped.",
+    "Hook server calls by outcome: ok, unregistered, unimplemented, not_grpc, failed, timeout, invalid.",
     "runtimeproxy_hook_duration_seconds",
     "Round trip of hook server calls, by server and hook point.",
     ("server", "hook"),
@@ -175,22 +189,34 @@ class Dispatcher:
                 try:
                     answer = await self._channel(server).unary(path, request, timeout)
                 except RpcError as exc:
-                    found = _rpc_failure(exc, timeout)
+                    found = self._rpc_failure(exc, server, point, timeout)
                 except Exception as exc:  # not expected; fails closed like any invalid answer
-                    found = "invalid", f"{type(exc).__name__}: {exc}", ()
+                    found = _invalid(f"{type(exc).__name__}: {exc}")
                 else:  # the empty answer (no field set): nothing to check, nothing to merge
                     found = _merged(answer, response_type, apply_response) if answer else _OK
-            outcome, error, changes = found
-            result = HookOutcome(server.name, point, outcome, time.perf_counter() - started, error, changes)
+            outcome, error, changes, code = found
+            result = HookOutcome(server.name, point, outcome, time.perf_counter() - started, error, changes, code)
             results.append(result)
             if self.metrics is not None:
                 self.metrics.record(result)
             if outcome in FINE_OUTCOMES:
                 continue
             if point.stage == "pre" and server.failure_policy == FailurePolicy.FAIL:
-                raise HookFailed(result, server, _status_for(result))
+                raise HookFailed(result, server)
             log.warning("hook failed, ignored", hook=point.value, server=server.name, outcome=outcome, error=error)
         return results
+
+    def _rpc_failure(self, exc: RpcError, server: HookServer, point: HookPoint, timeout: float) -> _Found:
+        """What a call that ended in ``exc`` comes to (the outcomes of the module doc)."""
+        if isinstance(exc, NotGrpcAnswer):  # never "no such hook", whatever its HTTP status
+            code = StatusCode.UNAVAILABLE if exc.code() == StatusCode.UNAVAILABLE else StatusCode.INTERNAL
+            return "not_grpc", cut(exc.details(), quote=False), (), code
+        if exc.code() != StatusCode.UNIMPLEMENTED:
+            return _rpc_status(exc, timeout)
+        if not self.registry.registers(server, point):
+            return _UNREGISTERED
+        details = cut(exc.details(), quote=False)
+        return "unimplemented", f"UNIMPLEMENTED for a hook point it registered: {details}", (), _REFUSED
 
     def _channel(self, server: HookServer) -> H2Channel:
         grace = self._call_grace.get(server.endpoint, 0.0)
@@ -220,19 +246,25 @@ class Dispatcher:
             await channel.close()
 
 
-# A hook call's outcome, error and changes made (HookOutcome's fields that depend on the answer).
-_Found = tuple[str, str, tuple[str, ...]]
-_OK: _Found = ("ok", "", ())
-_NO_TIME_LEFT: _Found = ("timeout", "no time left before the caller's deadline", ())
+# A hook call's outcome, error, changes made and refusal status (HookOutcome's fields that
+# depend on the answer).
+_Found = tuple[str, str, tuple[str, ...], StatusCode]
+# The refusal for a hook that failed while the runtime is fine (never the hook server's own
+# status, which may be UNIMPLEMENTED).
+_REFUSED = StatusCode.FAILED_PRECONDITION
+_OK: _Found = ("ok", "", (), StatusCode.OK)
+_UNREGISTERED: _Found = ("unregistered", "", (), StatusCode.OK)
+_NO_TIME_LEFT: _Found = ("timeout", "no time left before the caller's deadline", (), StatusCode.DEADLINE_EXCEEDED)
 
 
-def _rpc_failure(exc: RpcError, timeout: float) -> _Found:
+def _rpc_status(exc: RpcError, timeout: float) -> _Found:
+    """A gRPC status other than OK and UNIMPLEMENTED, or no answer."""
     code = exc.code()
-    if code == StatusCode.UNIMPLEMENTED:
-        return "unimplemented", "", ()
     if code == StatusCode.DEADLINE_EXCEEDED:
-        return "timeout", f"no answer within {timeout:.3f} s", ()
-    return "failed", f"{code.name}: {cut(exc.details(), quote=False)}", ()  # the server's text, bounded
+        return "timeout", f"no answer within {timeout:.3f} s", (), StatusCode.DEADLINE_EXCEEDED
+    # UNAVAILABLE (the server's, or no connection) is passed on: kubelet retries such a call.
+    refusal = StatusCode.UNAVAILABLE if code == StatusCode.UNAVAILABLE else _REFUSED
+    return "failed", f"{code.name}: {cut(exc.details(), quote=False)}", (), refusal  # the server's text, bounded
 
 
 def _merged(answer: bytes, response_type: Any, apply_response: Callable[[Any], list[str]]) -> _Found:
@@ -240,16 +272,12 @@ def _merged(answer: bytes, response_type: Any, apply_response: Callable[[Any], l
     try:
         response = response_type.FromString(answer)
     except Exception:  # DecodeError: not protobuf, or e.g. a string field that is not UTF-8
-        return "invalid", f"response does not decode as {response_type.DESCRIPTOR.name}", ()
+        return _invalid(f"response does not decode as {response_type.DESCRIPTOR.name}")
     try:
-        return "ok", "", tuple(apply_response(response))
+        return "ok", "", tuple(apply_response(response)), StatusCode.OK
     except InvalidHookOutput as exc:
-        return "invalid", str(exc), ()
+        return _invalid(str(exc))
 
 
-def _status_for(result: HookOutcome) -> StatusCode:
-    if result.outcome == "timeout":
-        return StatusCode.DEADLINE_EXCEEDED
-    if result.outcome == "invalid":
-        return StatusCode.INTERNAL
-    return StatusCode.UNAVAILABLE if "UNAVAILABLE" in result.error else StatusCode.FAILED_PRECONDITION
+def _invalid(error: str) -> _Found:
+    return "invalid", error, (), StatusCode.INTERNAL

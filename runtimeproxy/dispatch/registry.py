@@ -355,6 +355,11 @@ class HookRegistry:
         """All registered servers, in (index, file name) order."""
         return list(self._servers)
 
+    def registers(self, server: HookServer, point: HookPoint) -> bool:
+        """Whether ``server``'s file still registers its endpoint for ``point`` (other fields,
+        such as its timeout, may have changed since ``server`` was read)."""
+        return any(s.name == server.name and s.endpoint == server.endpoint for s in self._by_point[point])
+
     def add_listener(self, callback: Listener) -> None:
         """Call ``callback(all servers now registered)`` after each change of the set."""
         self._listeners.append(callback)

@@ -13,7 +13,15 @@ follow the HPACK state), and steps in for just five things:
 * PING, which is hop by hop (RFC 9113 section 6.7): the relay answers every PING from either
   side itself and forwards neither PINGs nor their ACKs (it sends no PING of its own), so
   containerd's BDP pings after each request cost no round trip through the client;
-* connection ends and graceful shutdown (GOAWAY).
+* connection ends and graceful shutdown (GOAWAY);
+* a peer over one of the limits every HTTP/2 peer is held to (relay.peer_limits: PING,
+  SETTINGS, RST_STREAM, empty and CONTINUATION frames, header block sizes): GOAWAY
+  ENHANCE_YOUR_CALM to it and both connections closed; when it is the backend, the client's
+  calls in flight end with UNAVAILABLE first, naming the cause.
+
+Backpressure: while the write buffer towards either peer is over its high-water mark, the relay
+reads from neither, so a peer that does not read gets no more answers and its frames wait in
+the socket; each buffer holds at most its mark plus what one read produced.
 
 Everything bound for one peer while a read is being handled (relayed frames and the relay's
 own, in order) goes out in one write at the end of that read: one syscall per peer per read.
@@ -46,6 +54,7 @@ little, so this is documented rather than solved with extra buffering.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -59,6 +68,18 @@ from runtimeproxy.relay.grpc_wire import MessageSizer, status_frame
 from runtimeproxy.relay.hpack_cache import CachingDecoder, HeaderList
 from runtimeproxy.relay.interceptor import CallContext, CallInterceptor, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo, MethodTable
+from runtimeproxy.relay.peer_limits import (
+    CLOSE_GRACE,
+    CRI_CLIENT,
+    DEFAULT_LIMITS,
+    OPENING_BYTES,
+    RUNTIME,
+    LimitSettings,
+    PeerLimits,
+    PeerOverLimit,
+    header_block_over,
+    peer_pid,
+)
 from runtimeproxy.relay.streams import HeldStream, Stream
 
 log = structlog.get_logger("runtimeproxy.relay")
@@ -75,6 +96,10 @@ FrameTable = tuple["FrameHandler | None", ...]
 # Takes a decoded header block: (connection, stream id, flags of its HEADERS frame, headers).
 BlockHandler = Callable[["RelayConnection", int, int, HeaderList], None]
 MAX_HEADER_LIST = 1 << 20
+# Client bytes the relay keeps before its backend connection is settled (with two backends,
+# until the first call's header block is whole): the preface and settings, and a first header
+# block of the largest header list.
+MAX_OPENING_BYTES = MAX_HEADER_LIST + 64 * 1024
 # How long a parked frame may wait for the next write towards its peer. A hook call in a pod
 # start takes 1-2 ms, so the held call's HEADERS usually go out with its released DATA and the
 # client's credit with the response; a slow hook must not hold the backend's view of the call,
@@ -140,8 +165,10 @@ class RelayOptions:
         observer: CallObserver,
         max_message_size: int,
         held_budget: int | None = None,
+        peer_limits: LimitSettings = DEFAULT_LIMITS,
     ) -> None:
         self.backends = backends
+        self.peer_limits = peer_limits  # what either peer may send (relay.peer_limits)
         self.methods = methods
         self.interceptor = interceptor
         self.observer = observer
@@ -190,6 +217,7 @@ class _Direction:
     __slots__ = (
         "block",
         "block_flags",
+        "block_size",
         "block_stream",
         "decoded",
         "decoder",
@@ -198,6 +226,7 @@ class _Direction:
         "handlers",
         "late",
         "late_timer",
+        "limits",
         "loop",
         "on_block",
         "out",
@@ -208,10 +237,11 @@ class _Direction:
         "transport",
     )
 
-    def __init__(self, handlers: FrameTable, on_block: BlockHandler) -> None:
+    def __init__(self, handlers: FrameTable, on_block: BlockHandler, limits: PeerLimits) -> None:
         # Frame types without a handler (PRIORITY, GOAWAY, unknown) pass through untouched.
         self.handlers = handlers
         self.on_block = on_block
+        self.limits = limits  # of the peer whose frames this direction reads
         self.transport: asyncio.Transport | None = None
         self.pending = b""
         self.decoder = CachingDecoder(max_header_list_size=MAX_HEADER_LIST)
@@ -220,6 +250,7 @@ class _Direction:
         self.block: list[bytes] | None = None
         self.block_stream = 0
         self.block_flags = 0
+        self.block_size = 0
         # Frames of the relay's own, held while a header block is open in this direction
         # or while its bytes are being read (they go out after the frame being handled).
         self.queue: list[bytes] = []
@@ -344,6 +375,8 @@ class _Side(asyncio.Protocol):
         self.is_client = is_client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        limits = self.conn.options.peer_limits
+        transport.set_write_buffer_limits(high=limits.write_buffer_high, low=limits.write_buffer_low)  # type: ignore[attr-defined]
         self.conn.side_made(self.is_client, transport)  # type: ignore[arg-type]
 
     def data_received(self, data: bytes) -> None:
@@ -356,10 +389,10 @@ class _Side(asyncio.Protocol):
         self.conn.side_lost(self.is_client, exc)
 
     def pause_writing(self) -> None:
-        self.conn.pause_reading(from_client=not self.is_client)
+        self.conn.writes_paused(towards_client=self.is_client, paused=True)
 
     def resume_writing(self) -> None:
-        self.conn.resume_reading(from_client=not self.is_client)
+        self.conn.writes_paused(towards_client=self.is_client, paused=False)
 
 
 class RelayConnection:
@@ -370,8 +403,9 @@ class RelayConnection:
         self.upstream_path = options.backends.runtime
         self.on_closed = on_closed
         # client -> upstream, written to the upstream socket; upstream -> client likewise.
-        self.c2u = _Direction(_CLIENT_FRAMES, RelayConnection._client_headers)
-        self.u2c = _Direction(_UPSTREAM_FRAMES, RelayConnection._upstream_headers)
+        limits = options.peer_limits
+        self.c2u = _Direction(_CLIENT_FRAMES, RelayConnection._client_headers, PeerLimits(CRI_CLIENT, limits))
+        self.u2c = _Direction(_UPSTREAM_FRAMES, RelayConnection._upstream_headers, PeerLimits(RUNTIME, limits))
         self.client_transport: asyncio.Transport | None = None
         self.upstream_transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
@@ -380,6 +414,8 @@ class RelayConnection:
         self.preface_left = len(frames.PREFACE)
         # Client bytes that came before the backend connection was settled.
         self.early: list[bytes] | None = []
+        self.early_size = 0
+        self.full_buffers = 0  # write buffers over their high-water mark: 1 towards the client, 2 the backend
         self.degraded: _BackendDown | None = None
         self.last_client_stream = 0
         self.closing = False
@@ -450,15 +486,22 @@ class RelayConnection:
         if is_client:
             self.on_closed(self)
 
-    def pause_reading(self, from_client: bool) -> None:
-        transport = self.client_transport if from_client else self.upstream_transport
-        if transport is not None:
-            transport.pause_reading()
-
-    def resume_reading(self, from_client: bool) -> None:
-        transport = self.client_transport if from_client else self.upstream_transport
-        if transport is not None:
-            transport.resume_reading()
+    def writes_paused(self, towards_client: bool, paused: bool) -> None:
+        """The write buffer towards one peer went over its high-water mark, or back under its low
+        one. While either is over, the relay reads from neither peer: not from the other, whose
+        frames would only add to it, nor from this one, whose frames the relay may answer (a
+        peer that does not read gets no further answers)."""
+        bit = 1 if towards_client else 2
+        was = self.full_buffers
+        self.full_buffers = was | bit if paused else was & ~bit
+        if bool(was) == bool(self.full_buffers):
+            return
+        for transport in (self.client_transport, self.upstream_transport):
+            if transport is not None:
+                if self.full_buffers:
+                    transport.pause_reading()
+                else:
+                    transport.resume_reading()
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -484,23 +527,27 @@ class RelayConnection:
 
     def client_data(self, data: bytes) -> None:
         if self.early is not None:
-            self.early.append(data)
-            if self.split_backends and not self.routed:
-                self._route_by_first_call()
+            self._keep_early(data)
             return
         if self.degraded is not None:
-            self.degraded.feed(data)
+            try:
+                self.degraded.feed(data)
+            except PeerOverLimit as exc:
+                self._over_limit(self.c2u, exc)
             return
         # Each read is one pass: every write of it, both ways, is collected and goes out at the
         # end, one syscall (and one wake-up of the peer) per peer instead of one per run of
         # frames, injected frame and credit update. Inline, not a helper: this runs per read.
         c2u, u2c = self.c2u, self.u2c
         c2u.out, u2c.out = [], []
+        u2c.limits.data_sent()  # what this read relays: the backend may ping once more
         try:
             if self.preface_left:
                 data = self._pass_preface(data)
             self._feed(c2u, data)
             self._flush_credit()
+        except PeerOverLimit as exc:
+            self._over_limit(c2u, exc)
         finally:
             # Parking saves a write only when nothing else goes that way: a claimed call's
             # HEADERS wait for its DATA (the hooks hold it), the relay's credit for anything.
@@ -515,9 +562,12 @@ class RelayConnection:
     def upstream_data(self, data: bytes) -> None:
         c2u, u2c = self.c2u, self.u2c  # one pass, as in client_data
         c2u.out, u2c.out = [], []
+        c2u.limits.data_sent()  # likewise, the client
         try:
             self._feed(u2c, data)
             self._flush_credit()
+        except PeerOverLimit as exc:
+            self._over_limit(u2c, exc)
         finally:
             # The response first: the backend's share of a read (credit, PING answers) can wait.
             u2c.write_out()
@@ -558,6 +608,52 @@ class RelayConnection:
                 return None
         return delay
 
+    def _keep_early(self, data: bytes) -> None:
+        """Keep client bytes until the backend connection is settled (a bounded amount)."""
+        assert self.early is not None
+        self.early.append(data)
+        self.early_size += len(data)
+        if self.early_size > MAX_OPENING_BYTES:
+            reason = f"over {MAX_OPENING_BYTES} bytes before its first call's header block was whole"
+            self._over_limit(self.c2u, PeerOverLimit(OPENING_BYTES, reason))
+        elif self.split_backends and not self.routed:
+            self._route_by_first_call()
+
+    def _over_limit(self, d: _Direction, exc: PeerOverLimit) -> None:
+        """The peer whose frames ``d`` reads went over a limit (relay.peer_limits): one log line
+        and the metric, GOAWAY ENHANCE_YOUR_CALM to it, both connections closed (aborted after
+        CLOSE_GRACE if they do not drain). What the read relayed before the frame that broke the
+        limit goes out first; when the backend broke it, the client's calls in flight end with
+        UNAVAILABLE naming the cause, then the client gets GOAWAY too and reconnects."""
+        if self.closing:
+            return
+        from_client = d is self.c2u
+        transport = self.client_transport if from_client else self.upstream_transport
+        d.limits.report(exc, "client" if from_client else f"unix://{self.upstream_path}", peer_pid(transport))
+        self.closing = True
+        self.early = None
+        self.claimed = False
+        c2u, u2c = self.c2u, self.u2c
+        c2u.feeding = u2c.feeding = False
+        c2u.write_out()
+        u2c.write_out()
+        debug = str(exc).encode()[:200]
+        if from_client:
+            u2c.write(frames.goaway(self.last_client_stream, frames.ENHANCE_YOUR_CALM, debug))
+            c2u.write(frames.goaway(0))
+        else:
+            c2u.write(frames.goaway(0, frames.ENHANCE_YOUR_CALM, debug))
+            message = f"the runtime's HTTP/2 connection went over the proxy's limits and was closed: {exc}"
+            for stream in list(self.streams.values()):
+                self._end_by_relay(stream, grpc_wire.UNAVAILABLE, message)
+            u2c.write(frames.goaway(self.last_client_stream))
+        for side in (self.client_transport, self.upstream_transport):
+            if side is not None:
+                side.close()
+                with contextlib.suppress(RuntimeError):  # no event loop: no socket to abort either
+                    c2u.running_loop().call_later(CLOSE_GRACE, side.abort)
+        self._drop_parked()
+
     def _route_by_first_call(self) -> None:
         assert self.early is not None
         path = first_call_path(b"".join(self.early))
@@ -596,7 +692,12 @@ class RelayConnection:
             # Only a handler queues frames or closes a header block, so a frame without one
             # never leaves the fast path.
             if handler is not None:
-                replacement = handler(self, d, flags, stream_id & stream_mask, data, pos + header_len, end)
+                try:
+                    replacement = handler(self, d, flags, stream_id & stream_mask, data, pos + header_len, end)
+                except PeerOverLimit:
+                    if pos > run_start:  # what came before it is relayed
+                        d.write(memoryview(data)[run_start:pos])
+                    raise
                 if replacement is not None or (d.queue and d.block is None):
                     # Out of the fast path: write what came before, this frame's bytes, then
                     # whatever the relay queued while handling it. Views, not copies: the
@@ -622,6 +723,7 @@ class RelayConnection:
     # -- client -> backend -----------------------------------------------------------------
 
     def _client_settings(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        d.limits.settings(end - start)
         if flags & frames.FLAG_ACK:
             if self.own_settings_acks:  # answers the relay's own SETTINGS: not the backend's business
                 self.own_settings_acks -= 1
@@ -639,6 +741,7 @@ class RelayConnection:
         A malformed PING is forwarded as before: its receiver ends the connection with a
         connection error (FRAME_SIZE_ERROR or PROTOCOL_ERROR, RFC 9113 section 6.7).
         """
+        d.limits.ping()  # ACKs too: the relay sends no PING, so none answers one of its own
         if end - start != 8 or sid:
             log.warning("malformed PING forwarded; its receiver ends the connection", length=end - start, stream=sid)
             return None
@@ -655,6 +758,8 @@ class RelayConnection:
         self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
     ) -> bytes | None:
         length = end - start
+        if not length and not flags & frames.FLAG_END_STREAM:
+            d.limits.empty_frame()
         stream = self.streams.get(sid)
         if stream is None:
             if sid in self.ended_by_relay:
@@ -723,6 +828,7 @@ class RelayConnection:
         )
 
     def _client_reset(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        d.limits.reset()
         stream = self.streams.get(sid)
         if stream is not None:
             if isinstance(stream, HeldStream) and stream.before_task is not None:
@@ -875,6 +981,7 @@ class RelayConnection:
     # -- backend -> client -----------------------------------------------------------------
 
     def _upstream_reset(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
+        d.limits.reset()
         stream = self.streams.get(sid)
         if stream is not None:
             code = _RST_CODES.get(int.from_bytes(data[start:end], "big"), grpc_wire.INTERNAL)
@@ -884,6 +991,7 @@ class RelayConnection:
     def _upstream_settings_frame(
         self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
     ) -> bytes | None:
+        d.limits.settings(end - start)
         if not flags & frames.FLAG_ACK:
             self._upstream_settings(frames.parse_settings(data[start:end]))
         return None
@@ -891,6 +999,8 @@ class RelayConnection:
     def _upstream_data_frame(
         self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
     ) -> bytes | None:
+        if end == start and not flags & frames.FLAG_END_STREAM:
+            d.limits.empty_frame()
         stream = self.streams.get(sid)
         if stream is None:
             if sid in self.ended_by_relay:
@@ -988,19 +1098,26 @@ class RelayConnection:
             fragment = bytes(frames.header_block_fragment(flags, data[start:end]))
         else:
             fragment = data[start:end]
+        if not fragment and not flags & frames.FLAG_END_STREAM:
+            d.limits.empty_frame()
         if flags & _END_HEADERS:
             # The decoder's cache first, inline: three header blocks per call, nearly all hits.
             headers = d.decoded.get(fragment)
             d.on_block(self, sid, flags, self._decode(d, fragment) if headers is None else headers)
         else:
-            d.block, d.block_stream, d.block_flags = [fragment], sid, flags
+            d.block, d.block_stream, d.block_flags, d.block_size = [fragment], sid, flags, len(fragment)
         return None
 
     def _continuation_frame(
         self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
     ) -> bytes | None:
         if d.block is None:
+            d.limits.continuation(0)
             return None  # a stray CONTINUATION: the receiver will reject it
+        d.limits.continuation(len(d.block))
+        d.block_size += end - start
+        if d.block_size > MAX_HEADER_LIST:
+            raise header_block_over(MAX_HEADER_LIST, d.block_size)
         d.block.append(data[start:end])
         if flags & frames.FLAG_END_HEADERS:
             block, d.block = b"".join(d.block), None
@@ -1239,11 +1356,15 @@ class _BackendDown:
                 self.conn.client_transport.close()
 
     def _frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
-        out = self.conn.u2c
-        if ftype == frames.SETTINGS and not flags & frames.FLAG_ACK:
-            out.write(frames.settings_ack())
-        elif ftype == frames.PING and not flags & frames.FLAG_ACK:
-            out.write(frames.ping_ack(payload))
+        out, limits = self.conn.u2c, self.conn.c2u.limits
+        if ftype == frames.SETTINGS:
+            limits.settings(len(payload))
+            if not flags & frames.FLAG_ACK:
+                out.write(frames.settings_ack())
+        elif ftype == frames.PING:
+            limits.ping()
+            if not flags & frames.FLAG_ACK:
+                out.write(frames.ping_ack(payload))
         elif ftype == frames.HEADERS and sid > self.conn.last_client_stream:
             self.conn.last_client_stream = sid
             self.answered.append(sid)

@@ -38,6 +38,7 @@ PROTOCOL_ERROR: Final = 0x1
 INTERNAL_ERROR: Final = 0x2
 REFUSED_STREAM: Final = 0x7
 CANCEL: Final = 0x8
+ENHANCE_YOUR_CALM: Final = 0xB  # the peer went over a limit (relay.peer_limits)
 
 # SETTINGS identifiers the relay cares about.
 SETTINGS_HEADER_TABLE_SIZE: Final = 0x1
@@ -117,14 +118,18 @@ def data_frames(stream_id: int, body: bytes, max_frame: int, end_stream: bool) -
 
 
 def header_block_fragment(flags: int, payload: bytes | memoryview) -> bytes | memoryview:
-    """The header block fragment of a HEADERS payload, without padding and priority fields."""
+    """The header block fragment of a HEADERS payload, without padding and priority fields;
+    empty when the padding or priority fields do not fit (the receiver refuses such a frame as
+    a connection error, RFC 9113 section 6.2; the relay, which forwards it, must not fail on it)."""
     start, end = 0, len(payload)
     if flags & FLAG_PADDED:
+        if not payload:
+            return payload[0:0]
         start = 1
         end -= payload[0]
     if flags & FLAG_PRIORITY:
         start += 5
-    return payload[start:end]
+    return payload[start : max(start, end)]
 
 
 def data_bounds(flags: int, data: bytes | memoryview, start: int, end: int) -> tuple[int, int]:

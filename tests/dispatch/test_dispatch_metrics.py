@@ -55,7 +55,7 @@ class ReferenceHookMetrics:
         )
         self.outcomes = Counter(
             "runtimeproxy_hook_calls",
-            "Hook server calls by outcome: ok, unimplemented, failed, timeout, invalid, skipped.",
+            "Hook server calls by outcome: ok, unregistered, unimplemented, not_grpc, failed, timeout, invalid.",
             ["server", "hook", "outcome"],
             registry=registry,
         )
@@ -77,7 +77,7 @@ _hook_calls = st.lists(
         HookOutcome,
         st.sampled_from(["a.json", "b.json", 'x"y\\z\n.json']),
         st.sampled_from(list(HookPoint)),
-        st.sampled_from(["ok", "unimplemented", "failed", "timeout", "invalid"]),
+        st.sampled_from(["ok", "unregistered", "unimplemented", "not_grpc", "failed", "timeout", "invalid"]),
         st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0005, 0.001, 10.0, 0.0, -0.0]),
     ),
     max_size=30,

@@ -1,14 +1,17 @@
-"""Fault injection, issue 7 items 1 and 3: under a Fail policy nothing passes unhooked.
+"""Fault injection: under a Fail policy nothing passes unhooked.
 
 Against the real containerd, through the in-process proxy of hook_bed.py: a hook server
-whose answer does not decode, a request that is not one valid message (two messages,
-strings that are not UTF-8), and an error inside the hook layer itself. Under Fail each
-call is refused and containerd never sees it; with only Ignore servers the call goes on
-unchanged, and the failure is logged and counted.
+whose answer does not decode, one that answers HTTP that is no gRPC (HTTP 404 text/plain,
+500, 503, 200 without gRPC's content-type), one that answers UNIMPLEMENTED for a hook point
+it registered, a request that is not one valid message (two messages, strings that are not
+UTF-8), and an error inside the hook layer itself. Under Fail each call is refused and
+containerd never sees it; with only Ignore servers the call goes on unchanged, and the
+failure is logged and counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import urllib.parse
 from typing import Any
@@ -18,12 +21,13 @@ import grpc.aio
 import pytest
 from fake_runtime import RawH2Client, RawServer
 from hook_bed import CALL_TIMEOUT, HookBed, rpc_error
-from hook_servers import Respond, write_registration
+from hook_servers import NOT_GRPC_ANSWERS, Custom, HttpHookServer, Respond, not_grpc_text, write_registration
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.relay import grpc_wire
+from runtimeproxy.relay.grpc_wire import StatusCode
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +63,7 @@ async def register(bed: HookBed, name: str, socket: str, points: list[HookPoint]
     await bed.wait_registered(*bed.registered_names())
 
 
-# -- item 1: an answer that does not decode --------------------------------------------------
+# -- an answer that does not decode ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
@@ -86,7 +90,92 @@ async def test_undecodable_hook_answer(bed: HookBed, policy: str, answer: bytes)
         await garbage.stop()
 
 
-# -- item 3: requests the hook layer cannot interpret ------------------------------------------
+# -- a registered server's answer that is no valid response ------------------------------------
+
+async def _hooked_run_pod(bed: HookBed, name: str, policy: str, server: str) -> tuple[Any, list[dict[str, Any]]]:
+    """RunPodSandbox through the proxy: under Fail the refusal (checked: containerd never saw the
+    pod), under Ignore the pod (checked: created as sent); and the logs of the call."""
+    pod = bed.pod_config(name)
+    with capture_logs() as logs:
+        if policy == "Fail":
+            error = await rpc_error(bed.run_pod(pod))
+            assert await bed.sandboxes_of(pod.metadata.uid) == []
+            (line,) = [entry for entry in logs if entry["event"] == "lifecycle call"]
+            assert line["error"] == error.details()
+            return error, logs
+        sandbox_id = await bed.run_pod(pod)
+    assert await bed.sandboxes_of(pod.metadata.uid) == [sandbox_id]
+    status = await bed.direct.PodSandboxStatus(cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id))
+    assert dict(status.status.labels) == dict(pod.labels)  # relayed unchanged
+    (ignored,) = [entry for entry in logs if entry["event"] == "hook failed, ignored"]
+    assert ignored["server"] == server and ignored["log_level"] == "warning"
+    return None, logs
+
+
+def _call_line(logs: list[dict[str, Any]], summary: str) -> None:
+    (line,) = [entry for entry in logs if entry["event"] == "lifecycle call"]
+    assert line["method"] == "RunPodSandbox" and line["log_level"] == "warning"
+    assert any(item.startswith(summary) for item in line["hooks"]), line["hooks"]
+
+
+@pytest.mark.parametrize("policy", ["Fail", "Ignore"])
+@pytest.mark.parametrize(("answer", "refusal"), NOT_GRPC_ANSWERS.values(), ids=NOT_GRPC_ANSWERS.keys())
+async def test_a_non_grpc_http_answer_fails_the_hook(
+    bed: HookBed, policy: str, answer: tuple[str, str | None, bytes], refusal: StatusCode
+) -> None:
+    """A 404 is never "no such hook": gRPC maps HTTP 404 to UNIMPLEMENTED, but this is no gRPC answer."""
+    http = await HttpHookServer(*answer).start(os.path.join(bed.workdir, "http.sock"))
+    try:
+        await register(bed, "http", os.path.join(bed.workdir, "http.sock"), [P.PRE_RUN_POD_SANDBOX], policy)
+        error, logs = await _hooked_run_pod(bed, f"http{answer[0]}", policy, "http.json")
+        if error is not None:
+            assert error.code().value[0] == refusal
+            details = error.details() or ""
+            assert "http.json" in details and "PreRunPodSandbox" in details
+            assert not_grpc_text(*answer[:2]) in details
+        assert http.rpcs() == [P.PRE_RUN_POD_SANDBOX.rpc]
+        assert bed.hook_calls("http.json", "PreRunPodSandbox", "not_grpc") == 1
+        _call_line(logs, "http.json:not_grpc")
+    finally:
+        await http.stop()
+
+
+@pytest.mark.parametrize("policy", ["Fail", "Ignore"])
+async def test_unimplemented_for_a_registered_hook_point_fails_the_hook(bed: HookBed, policy: str) -> None:
+    server = await bed.server("koordlike")  # no behaviour: answers UNIMPLEMENTED
+    await bed.register(server, policy=policy, hooks=[P.PRE_RUN_POD_SANDBOX])
+    error, logs = await _hooked_run_pod(bed, "unimpl", policy, "koordlike.json")
+    if error is not None:
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        details = error.details() or ""
+        assert "koordlike.json" in details and "UNIMPLEMENTED for a hook point it registered" in details
+    assert len(server.calls(P.PRE_RUN_POD_SANDBOX)) == 1
+    assert bed.hook_calls("koordlike.json", "PreRunPodSandbox", "unimplemented") == 1
+    _call_line(logs, "koordlike.json:unimplemented")
+
+
+async def test_unimplemented_once_the_registration_dropped_the_point_lets_the_call_through(bed: HookBed) -> None:
+    """A server that drops a hook point while called: once the proxy has read its new file, its
+    UNIMPLEMENTED is "no such hook", as for any call started after the change."""
+    server = await bed.server("leaving")
+    assert bed.layer is not None
+    registry = bed.layer.registry
+
+    async def leave(point: HookPoint, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        server.register(bed.config_dir, policy="Fail", hooks=[P.POST_STOP_POD_SANDBOX])
+        while registry.servers_for(P.PRE_RUN_POD_SANDBOX):
+            await asyncio.sleep(0.02)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "leaving does not serve PreRunPodSandboxHook")
+
+    server.set(P.PRE_RUN_POD_SANDBOX, Custom(leave))
+    await bed.register(server, policy="Fail", hooks=[P.PRE_RUN_POD_SANDBOX])
+    pod = bed.pod_config("leaving")
+    sandbox_id = await bed.run_pod(pod)
+    assert await bed.sandboxes_of(pod.metadata.uid) == [sandbox_id]
+    assert bed.hook_calls("leaving.json", "PreRunPodSandbox", "unregistered") == 1
+
+
+# -- requests the hook layer cannot interpret ------------------------------------------------------
 
 
 def _with_invalid_utf8(request: cri.RunPodSandboxRequest, marker: str) -> bytes:
@@ -130,7 +219,7 @@ async def test_two_messages_on_one_unary_call_are_refused(bed: HookBed) -> None:
     assert server.calls(P.PRE_RUN_POD_SANDBOX) == []
 
 
-# -- item 1: any error inside the hook layer ----------------------------------------------------
+# -- any error inside the hook layer ------------------------------------------------------------
 
 
 def _break_store(bed: HookBed) -> None:

@@ -9,16 +9,27 @@ mode on the same containerd, and every value read back (real cgroup v1 files, th
 environment, the fake resctrl tree) must be equal, and equal to the values worked out by hand.
 Then: a containerd restart (runtime-hooks reconnects and registers again, and the next pod
 gets its values), and the errors when the socket is missing or NRI is off.
+
+Container repair over NRI: a container created while runtime-hooks was not registered gets the
+plugins' values from the Synchronize answer; a value changed behind containerd's back is set back
+by the reconciler through containerd's CRI UpdateContainerResources; and while pods are being
+created, a containerd restart, a kill -9 with an outage or runtime-hooks frozen past NRI's
+deadline leaves no BE container without its CFS quota and shares, runtime-hooks registering
+again soon after the NRI socket is back.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -26,8 +37,19 @@ from typing import Any
 import pytest
 from conftest import start_testbed
 from daemons import eventually
-from hooks_node import BE_BATCH, HOOKS, LS_QUOTA, Node, policy_text, run_be_pod, run_ls_pod, write_atomically
-from pods import CALL_TIMEOUT, QOS_LABEL, ContainerSpec, Pod, read, read_int, threads
+from hooks_node import (
+    BE_BATCH,
+    BE_VALUES,
+    HOOKS,
+    LS_QUOTA,
+    Node,
+    be_values,
+    policy_text,
+    run_be_pod,
+    run_ls_pod,
+    write_atomically,
+)
+from pods import CALL_TIMEOUT, QOS_LABEL, ContainerSpec, Pod, cgroup_dir, read, read_int, threads
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.cri_client import CriClient
@@ -65,10 +87,11 @@ class NriNode(Node):
         (dist / "entry_points.txt").write_text("[runtimeproxy.hooks]\nenvstamp = rtpx_plugin_envstamp:plugin\n")
         return directory
 
-    def start_nri(self, policy: str, *extra: str) -> None:
+    def start_nri(self, policy: str, *extra: str, name: str = "hooks-nri") -> None:
+        """runtime-hooks in NRI mode alone, as the daemon ``name`` (another for each start of a test)."""
         write_atomically(self.policy, policy)
         args, env = self.nri_command(*extra)
-        self.hooks = self.start_daemon("hooks-nri", args, env)
+        self.hooks = self.start_daemon(name, args, env)
         ready = self.hooks.wait_record(lambda r: r.get("event") == "ready")
         self.metrics_url = f"http://{ready['metrics_address']}/metrics"
 
@@ -285,6 +308,165 @@ def test_clear_errors_when_nri_is_unreachable(node: NriNode, containerd: Contain
     ), done.stderr
     assert 'io.containerd.nri.v1.nri"] disable = false' in done.stderr or case == "not a socket"
     assert not (node.hooks_endpoint.exists()), "the hook socket is gone after refusing"
+
+
+# -- container repair ---------------------------------------------------------------------------------------
+
+
+def repairs(node: NriNode, how: str) -> list[dict[str, Any]]:
+    assert node.hooks is not None
+    return [r for r in node.hooks.records() if r.get("event") == "container repaired" and r.get("how") == how]
+
+
+def test_a_container_created_while_not_registered_is_repaired_at_synchronize(node: NriNode) -> None:
+    node.start_nri(policy_text(interval=600))  # the reconciler's round at start only
+    assert node.hooks is not None and node.hooks.terminate() == 0  # NRI forgets the plugin
+    with CriClient(node.containerd.address, timeout=CALL_TIMEOUT) as cri:
+        be = run_be_pod(node, cri)
+    assert be_values(be) == {name: (-1, 2) for name in BE_BATCH}  # kubelet's: no quota, 2 shares
+    node.start_nri(policy_text(interval=600), name="hooks-nri-again")
+    eventually(lambda: be_values(be) == BE_VALUES, 10.0, node.hooks_log)
+    found = {r["container"]: r for r in repairs(node, "Synchronize answer")}
+    assert set(found) == set(BE_BATCH), node.hooks_log()
+    for name, (quota, shares) in BE_VALUES.items():
+        assert (found[name]["mode"], found[name]["reason"], found[name]["container_id"]) == (
+            "nri",
+            "unhooked",
+            be.containers[name],
+        )
+        assert found[name]["values"] == [f"cpu_quota: -1 -> {quota}", f"cpu_shares: 2 -> {shares}"]
+    assert repairs(node, "UpdateContainerResources") == []  # not repaired twice by the reconciler's first round
+    assert node.hooks_metric("runtimeproxy_hooks_containers_repaired_total", mode="nri", reason="unhooked") == 2
+
+
+def test_the_reconciler_sets_back_a_value_changed_behind_containerds_back(node: NriNode) -> None:
+    node.start_nri(policy_text(interval=0.5))
+    with CriClient(node.containerd.address, timeout=CALL_TIMEOUT) as cri:
+        be = run_be_pod(node, cri)
+        assert be_values(be) == BE_VALUES
+        app = be.containers["app"]
+        quota_file = cgroup_dir("cpu", be.parent, app) / "cpu.cfs_quota_us"
+        quota_file.write_text("-1")
+        eventually(lambda: be_values(be) == BE_VALUES, 10.0, node.hooks_log)
+        # logged once containerd has answered the update
+        eventually(lambda: repairs(node, "UpdateContainerResources"), 10.0, node.hooks_log)
+        [line] = repairs(node, "UpdateContainerResources")
+        assert (line["container"], line["mode"], line["reason"]) == ("app", "nri", "drifted")
+        assert line["values"] == [f"cpu_quota: -1 -> {BE_VALUES['app'][0]}"]
+        # containerd made the update itself (its NRI event ran our hooks): its spec holds the value
+        status = cri.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=app, verbose=True))
+        spec = json.loads(status.info["info"])["runtimeSpec"]
+        assert spec["linux"]["resources"]["cpu"]["quota"] == BE_VALUES["app"][0]
+    assert node.hooks_metric("runtimeproxy_hooks_containers_repaired_total", mode="nri", reason="drifted") == 1
+    assert node.hooks_metric("runtimeproxy_hooks_container_repairs_failed_total", mode="nri") == 0
+
+
+class Churn:
+    """BE pods created one after the other straight on containerd, in a thread, until stopped;
+    calls failing while containerd is away are counted and tried again."""
+
+    def __init__(self, node: NriNode) -> None:
+        self.node = node
+        self.pods = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="churn", daemon=True)
+
+    def __enter__(self) -> Churn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(CALL_TIMEOUT)
+
+    def _run(self) -> None:
+        with CriClient(self.node.containerd.address, timeout=10.0) as cri:
+            while not self._stop.is_set():
+                try:
+                    run_be_pod(self.node, cri)
+                    self.pods += 1
+                except Exception:  # containerd away or just back: its calls fail for a while
+                    self.failures += 1
+                    time.sleep(0.1)
+
+
+def wrong_be_containers(node: NriNode) -> list[str]:
+    """Every running container of a BE pod whose CFS quota or shares are not the plugins'."""
+    wrong = []
+    with CriClient(node.containerd.address, timeout=CALL_TIMEOUT) as cri:
+        sandboxes = {s.id: s for s in cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items}
+        running = pb.ContainerFilter(state=pb.ContainerStateValue(state=pb.CONTAINER_RUNNING))
+        for item in cri.runtime.ListContainers(pb.ListContainersRequest(filter=running)).containers:
+            sandbox = sandboxes.get(item.pod_sandbox_id)
+            if sandbox is None or sandbox.labels.get(QOS_LABEL) != "BE":
+                continue
+            parent = node.containerd.cgroup_parent(sandbox.metadata.uid, "besteffort")
+            try:
+                seen = (
+                    read_int("cpu", "cpu.cfs_quota_us", parent, item.id),
+                    read_int("cpu", "cpu.shares", parent, item.id),
+                )
+            except FileNotFoundError:  # exited meanwhile
+                continue
+            if seen != BE_VALUES[item.metadata.name]:
+                wrong.append(f"{sandbox.metadata.name}/{item.metadata.name} {item.id[:12]}: {seen}")
+    return wrong
+
+
+def restart_containerd(node: NriNode) -> float | None:
+    """Restart containerd as an operator does; when its NRI socket was back."""
+    node.containerd.restart()
+    return node.containerd.nri_socket.stat().st_mtime
+
+
+def kill_containerd(node: NriNode, outage: float = 4.0) -> float | None:
+    """kill -9 containerd (its shims and containers live on; its NRI socket stays, stale) and
+    start it again after ``outage`` seconds; when its NRI socket was back."""
+    bed = node.containerd
+    assert bed.pid is not None
+    os.kill(bed.pid, signal.SIGKILL)
+    bed.stop_daemon()  # reaps it
+    time.sleep(outage)
+    bed.start()
+    return bed.nri_socket.stat().st_mtime
+
+
+def freeze_runtime_hooks(node: NriNode, frozen: float = 4.0) -> float | None:
+    """Stop runtime-hooks' process (a blocked event loop) past NRI's 2 s deadline: containerd
+    drops the plugin and creates containers without it until it registers again."""
+    assert node.hooks is not None
+    os.kill(node.hooks.pid, signal.SIGSTOP)
+    try:
+        time.sleep(frozen)
+    finally:
+        os.kill(node.hooks.pid, signal.SIGCONT)
+    return None  # the socket stayed
+
+
+def seconds_of(record: dict[str, Any]) -> float:
+    return datetime.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+@pytest.mark.parametrize("disrupt", [restart_containerd, kill_containerd, freeze_runtime_hooks])
+def test_no_container_keeps_kubelets_values_after_nri_goes_away_during_pod_churn(
+    node: NriNode, disrupt: Callable[[NriNode], float | None]
+) -> None:
+    node.start_nri(policy_text(interval=1.0))
+    assert node.hooks is not None
+    with Churn(node) as churn:
+        eventually(lambda: churn.pods >= 2, 30.0, node.hooks_log)
+        before = churn.pods
+        back = disrupt(node)
+        node.hooks.wait_record(lambda r: r.get("event") == "NRI plugin re-registered", 20.0)
+        eventually(lambda: churn.pods >= before + 3, 60.0, node.hooks_log)  # pods came during and after
+    eventually(lambda: wrong_be_containers(node) == [], 20.0, lambda: "\n".join(wrong_be_containers(node)))
+    if disrupt is freeze_runtime_hooks:  # containerd dropped the plugin: some were created without it
+        assert [r for r in node.hooks.records() if r.get("event") == "container repaired"], node.hooks_log()
+    if back is not None:  # registration came soon after containerd's NRI socket was back
+        again = [r for r in node.hooks.records() if r.get("event") == "registered as an NRI plugin"][-1]
+        assert seconds_of(again) - back < 0.5, (again, back)
+    assert node.hooks.alive and node.hooks_metric("runtimehooks_nri_connected") == 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,6 +4,7 @@ registration file, failing and hanging plugins, and the ``runtime-hooks`` comman
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from click.testing import CliRunner
 from daemons import log_events, reap, spawn_hooks_serve
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cli import cli
+from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import ContainerInfo, HookResponse, Plugin, PluginRunner, PodInfo, ServerContext
 from runtimeproxy.hooks.server import REGISTRATION_FILE, RuntimeHooksServer, ServerSettings
 from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v2
@@ -177,15 +180,12 @@ async def test_the_environment_comes_from_the_koordinator_map_when_there_is_no_l
     assert seen == [(("A", "1"), ("Z", "26")), (("A", "1"), ("B", "\udcff"))]  # non-UTF-8 kept (surrogateescape)
 
 
-async def test_an_unhandled_hook_point_answers_unimplemented(served: Any) -> None:
+async def test_an_unhandled_hook_point_answers_no_change_never_unimplemented(served: Any) -> None:
+    """The proxy fails a hook whose registered server answers UNIMPLEMENTED; a point no plugin
+    handles (one a stale registration may still list) answers the empty response."""
     s = await served(tuner())
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await s.stub.PostStopContainerHook(container_request(), timeout=5)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "PostStopContainer" in (info.value.details() or "")
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await s.stub.PreRemovePodSandboxHook(pod_request(), timeout=5)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert await s.stub.PostStopContainerHook(container_request(), timeout=5) == hook.ContainerResourceHookResponse()
+    assert await s.stub.PreRemovePodSandboxHook(pod_request(), timeout=5) == hook.PodSandboxHookResponse()
 
 
 async def test_the_registration_file_subscribes_exactly_the_handled_hooks(served: Any) -> None:
@@ -324,9 +324,7 @@ async def test_no_registration_without_handled_hooks(served: Any) -> None:
 
     s = await served(only_reconcile)
     assert not s.registration.exists()
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await s.stub.PreRunPodSandboxHook(pod_request(), timeout=5)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert await s.stub.PreRunPodSandboxHook(pod_request(), timeout=5) == hook.PodSandboxHookResponse()
 
 
 MiB = 1 << 20
@@ -426,6 +424,7 @@ from runtimeproxy.hooks.sdk import Plugin
 
 @dataclass(frozen=True)
 class Tuning:
+    enabled: bool = True
     burst: int = 0
 
 plugin = Plugin("cli-tuner", version="2.0", order=5, failure_policy="fail", timeout=0.5, settings=Tuning)
@@ -494,59 +493,119 @@ def _notify_socket(directory: Path) -> socket.socket:
     return sock
 
 
-def test_serve_command_end_to_end(plugin_site: Path, short_dir: Path, tmp_path: Path) -> None:
-    tree = make_fake_cgroup_v2(tmp_path / "cgroup")
-    parent = tree.add_pod("u1", qos="besteffort")
-    tree.add_container(parent, "c1")
-    notify = _notify_socket(short_dir)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text("cli-tuner:\n  BE: {burst: 42}\n")  # the plugin's own section
-    endpoint = short_dir / "hooks.sock"
-    config_dir = short_dir / "hookserver.d"
-    env = {
+def _serve_env(plugin_site: Path, short_dir: Path, cgroup_root: Path, policy: Path) -> dict[str, str]:
+    """``runtime-hooks serve`` on ``short_dir``/hooks.sock, registering in ``short_dir``/hookserver.d,
+    telling READY on ``short_dir``/notify.sock, with the test's plugin alone."""
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(plugin_site), os.environ.get("PYTHONPATH", "")]),
         "NOTIFY_SOCKET": str(short_dir / "notify.sock"),
-        "RUNTIME_HOOKS_ENDPOINT": f"unix://{endpoint}",
-        "RUNTIME_HOOKS_HOOK_CONFIG_DIR": str(config_dir),
-        "RUNTIME_HOOKS_CGROUP_ROOT": str(tree.root),
-        "RUNTIME_HOOKS_RESCTRL_ROOT": str(tmp_path / "no-resctrl"),
+        "RUNTIME_HOOKS_ENDPOINT": f"unix://{short_dir / 'hooks.sock'}",
+        "RUNTIME_HOOKS_HOOK_CONFIG_DIR": str(short_dir / "hookserver.d"),
+        "RUNTIME_HOOKS_CGROUP_ROOT": str(cgroup_root),
+        "RUNTIME_HOOKS_RESCTRL_ROOT": str(short_dir / "no-resctrl"),
         "RUNTIME_HOOKS_POLICY": str(policy),
         "RUNTIME_HOOKS_LOG_FORMAT": "json",
         # Only the test's plugins: the built-in ones would subscribe more hook points.
         "RUNTIME_HOOKS_DISABLE": "cpu cpuset memory resctrl network gpu",
     }
+
+
+@dataclass
+class _Exit:
+    """How a ``runtime-hooks serve`` ended: its exit status and output."""
+
+    code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+
+@contextlib.contextmanager
+def _serving(env: dict[str, str], short_dir: Path) -> Iterator[_Exit]:
+    """``runtime-hooks serve`` with ``env`` (see _serve_env), once it said READY; stopped with
+    SIGTERM when the block ends, which fills the yielded _Exit."""
+    notify = _notify_socket(short_dir)
     process = spawn_hooks_serve(env)
+    ended = _Exit()
     try:
-        message = notify.recv(4096).decode()
-        assert "READY=1" in message
-        registration = json.loads((config_dir / REGISTRATION_FILE).read_text())
-        assert registration["runtime-hooks"] == ["PreCreateContainer", "PreStartContainer"]
-        assert registration["remote-endpoint"] == str(endpoint)
-
-        async def call() -> tuple[Any, Any]:
-            async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
-                stub = hook_grpc.RuntimeHookServiceStub(channel)
-                created = await stub.PreCreateContainerHook(container_request(), timeout=5)
-                request = container_request()
-                request.container_meta.id = "c1"
-                started = await stub.PreStartContainerHook(request, timeout=5)
-                return created, started
-
-        created, _ = asyncio.run(call())
-        assert dict(created.container_annotations) == {"qos": "BE", "burst": "42"}
-        assert tree.read(parent, "cpu.max", "c1") == "30000 100000"
+        assert "READY=1" in notify.recv(4096).decode()
+        yield ended
         process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=20)
+        ended.stdout, ended.stderr = process.communicate(timeout=20)
+        ended.code = process.returncode
     finally:
         reap(process)
         notify.close()
-    assert process.returncode == 0, stderr
+
+
+async def _create_hook(endpoint: Path, container_id: str = "") -> Any:
+    """PreCreateContainerHook, then with ``container_id`` PreStartContainerHook too; the first answer."""
+    async with grpc.aio.insecure_channel(f"unix://{endpoint}") as channel:
+        stub = hook_grpc.RuntimeHookServiceStub(channel)
+        created = await stub.PreCreateContainerHook(container_request(), timeout=5)
+        if container_id:
+            request = container_request()
+            request.container_meta.id = container_id
+            await stub.PreStartContainerHook(request, timeout=5)
+        return created
+
+
+def test_serve_command_end_to_end(plugin_site: Path, short_dir: Path, tmp_path: Path) -> None:
+    tree = make_fake_cgroup_v2(tmp_path / "cgroup")
+    parent = tree.add_pod("u1", qos="besteffort")
+    tree.add_container(parent, "c1")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cli-tuner:\n  BE: {burst: 42}\n")  # the plugin's own section
+    endpoint = short_dir / "hooks.sock"
+    config_dir = short_dir / "hookserver.d"
+    with _serving(_serve_env(plugin_site, short_dir, tree.root, policy), short_dir) as ended:
+        registration = json.loads((config_dir / REGISTRATION_FILE).read_text())
+        assert registration["runtime-hooks"] == ["PreCreateContainer", "PreStartContainer"]
+        assert registration["remote-endpoint"] == str(endpoint)
+        created = asyncio.run(_create_hook(endpoint, "c1"))
+        assert dict(created.container_annotations) == {"qos": "BE", "burst": "42"}
+        assert tree.read(parent, "cpu.max", "c1") == "30000 100000"
+    assert ended.code == 0, ended.stderr
     assert not (config_dir / REGISTRATION_FILE).exists()
     assert not endpoint.exists()
-    events = log_events(stdout)
+    events = log_events(ended.stdout)
     assert any(e["event"] == "plugin not loaded" and e["entry_point"] == "broken" for e in events)
     assert any(e["event"] == "ready" for e in events)
+
+
+def _wait_for(condition: Any, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_serve_command_registration_follows_policy_reloads(plugin_site: Path, short_dir: Path, tmp_path: Path) -> None:
+    """A reload switching cli-tuner (the one plugin) off for every class removes the registration;
+    a call still made to its point gets the empty response; switched on again, it is back."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("")
+    registration = short_dir / "hookserver.d" / REGISTRATION_FILE
+    endpoint = short_dir / "hooks.sock"
+
+    def reload(text: str) -> None:
+        (tmp_path / "policy.tmp").write_text(text)
+        os.replace(tmp_path / "policy.tmp", policy)
+
+    env = _serve_env(plugin_site, short_dir, make_fake_cgroup_v2(tmp_path / "cgroup").root, policy)
+    with _serving(env, short_dir) as ended:
+        assert json.loads(registration.read_text())["failure-policy"] == "Fail"
+        reload("cli-tuner:\n" + "".join(f"  {qos.value}: {{enabled: false}}\n" for qos in QoSClass))
+        _wait_for(lambda: not registration.exists())
+        assert asyncio.run(_create_hook(endpoint)) == hook.ContainerResourceHookResponse()
+        reload("cli-tuner:\n  BE: {burst: 7}\n")
+        _wait_for(registration.exists)
+        assert json.loads(registration.read_text())["runtime-hooks"] == ["PreCreateContainer", "PreStartContainer"]
+        assert dict(asyncio.run(_create_hook(endpoint)).container_annotations) == {"qos": "BE", "burst": "7"}
+    assert ended.code == 0, ended.stderr
+    events = [e["event"] for e in log_events(ended.stdout)]
+    assert events.count("registered with the proxy") == 2
+    assert events.count("no plugin in effect handles a hook point; not registered") == 1
 
 
 def test_serve_refuses_an_invalid_policy_file(tmp_path: Path) -> None:

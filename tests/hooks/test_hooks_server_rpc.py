@@ -42,15 +42,13 @@ async def status(endpoint: str, method: str, request: bytes) -> tuple[StatusCode
 
 
 async def test_every_hook_point_answers_through_the_proxys_client(served: Any) -> None:
+    """A point a plugin handles answers its changes; every other one the empty response (no
+    change), never UNIMPLEMENTED."""
     s = await served(tuner())
     for point in HookPoint:
         request = pod_request() if point.kind is HookKind.POD else container_request()
-        method = f"/{SERVICE}/{point.rpc}"
-        if point in s.server.hook_points:
-            assert await call(s.server.endpoint, method, request.SerializeToString())
-        else:
-            code, details = await status(s.server.endpoint, method, request.SerializeToString())
-            assert code == StatusCode.UNIMPLEMENTED and point.value in details
+        answer = await call(s.server.endpoint, f"/{SERVICE}/{point.rpc}", request.SerializeToString())
+        assert bool(answer) is (point in s.server.hook_points), point
     reply = await call(s.server.endpoint, RUN, pod_request().SerializeToString())
     assert dict(hook.PodSandboxHookResponse.FromString(reply).labels) == {"tuned": "yes"}
 

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_runtime import FakeRuntime, ProxyUnderTest, grpc_request_headers, short_tempdir, sock
+from fake_runtime import ProxyUnderTest, grpc_request_headers, proxy_before_fake_runtime
 from relay_pair import VERSION, Pair
 from structlog.testing import capture_logs
 
@@ -130,14 +130,8 @@ def test_writes_outside_a_read_go_out_at_once() -> None:
 
 @pytest.fixture
 async def proxy() -> AsyncIterator[ProxyUnderTest]:
-    with short_tempdir() as directory:
-        fake = await FakeRuntime("runtime").start(sock(directory, "rt.sock"))
-        try:
-            assert fake.path is not None
-            async with ProxyUnderTest(sock(directory, "proxy.sock"), fake.path) as under_test:
-                yield under_test
-        finally:
-            await fake.stop()
+    async with proxy_before_fake_runtime() as under_test:
+        yield under_test
 
 
 async def read_frames(reader: asyncio.StreamReader, until: int) -> list[tuple[int, int, bytes]]:

@@ -22,8 +22,8 @@ from runtimeproxy.hooks.nri.ttrpc import (
     MAX_MESSAGE_SIZE,
     Frame,
     FrameDecoder,
+    FrameTooLarge,
     MessageType,
-    Oversized,
     encode_frame,
 )
 
@@ -48,7 +48,7 @@ def test_header_layout_is_ttrpcs() -> None:
 def test_frames_round_trip_over_any_split(items: list[tuple[int, int, int, bytes]], cuts: list[int]) -> None:
     wire = b"".join(encode_frame(sid, type_, payload, flags) for sid, type_, flags, payload in items)
     decoder = FrameDecoder()
-    out: list[Frame | Oversized] = []
+    out: list[Frame] = []
     for piece in split(wire, cuts):
         out += decoder.feed(piece)
     assert out == [Frame(sid, type_, flags, payload) for sid, type_, flags, payload in items]
@@ -56,23 +56,39 @@ def test_frames_round_trip_over_any_split(items: list[tuple[int, int, int, bytes
 
 
 @given(st.binary(max_size=2000), st.lists(st.integers(0, 3000), max_size=8))
-def test_garbage_never_crashes_the_frame_decoder(data: bytes, cuts: list[int]) -> None:
+def test_garbage_gives_frames_or_frame_too_large_only(data: bytes, cuts: list[int]) -> None:
     decoder = FrameDecoder(max_size=512)
-    for piece in split(data, cuts):
-        for frame in decoder.feed(piece):
-            assert isinstance(frame, Frame | Oversized)
-            if isinstance(frame, Frame):
-                assert len(frame.payload) <= 512
-    assert decoder.held <= min(len(data), HEADER.size + 512)
+    try:
+        for piece in split(data, cuts):
+            for frame in decoder.feed(piece):
+                assert isinstance(frame, Frame) and len(frame.payload) <= 512
+                assert decoder.pending <= HEADER.size + 512
+    except FrameTooLarge as exc:
+        assert exc.length > 512 and exc.limit == 512
+        assert decoder.pending == 0  # nothing of a broken stream is kept
+    assert decoder.pending <= min(len(data), HEADER.size + 512)
 
 
-def test_an_oversized_frame_is_skipped_and_reported_then_decoding_goes_on() -> None:
-    decoder = FrameDecoder(max_size=4)
-    big = struct.pack(">IIBB", 6, 7, 1, 0) + b"123456"
-    after = encode_frame(9, MessageType.REQUEST, b"ok")
-    out = decoder.feed(big[:12]) + decoder.feed(big[12:] + after)
-    assert out == [Oversized(7, 1, 6), Frame(9, 1, 0, b"ok")]
+@pytest.mark.parametrize("declared", [MAX_MESSAGE_SIZE + 1, 2**32 - 1])
+def test_a_header_over_the_limit_ends_the_stream_at_once(declared: int) -> None:
+    decoder = FrameDecoder()
+    before = encode_frame(1, MessageType.REQUEST, b"ok")
+    assert decoder.feed(before) == [Frame(1, MessageType.REQUEST, 0, b"ok")]
+    header = struct.pack(">IIBB", declared, 3, MessageType.REQUEST, 0)
+    after = encode_frame(5, MessageType.REQUEST, b"lost")
+    with pytest.raises(FrameTooLarge) as info:
+        decoder.feed(header[:7])
+        decoder.feed(header[7:] + after)  # the header completes: no payload is waited for
+    assert (info.value.stream_id, info.value.length, info.value.limit) == (3, declared, MAX_MESSAGE_SIZE)
+    assert str(info.value) == f"ttrpc frame on stream 3 declares {declared} bytes, over the 4194304-byte limit"
+    with pytest.raises(FrameTooLarge):  # nothing after it is read as frames
+        decoder.feed(after)
     assert decoder.pending == 0
+
+
+def test_a_frame_at_the_limit_is_a_frame() -> None:
+    payload = b"x" * MAX_MESSAGE_SIZE
+    assert FrameDecoder().feed(encode_frame(1, MessageType.RESPONSE, payload)) == [Frame(1, 2, 0, payload)]
 
 
 def test_encoding_refuses_what_the_peer_would_refuse() -> None:

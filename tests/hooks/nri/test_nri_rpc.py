@@ -17,7 +17,7 @@ from runtimeproxy.hooks.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN
 from runtimeproxy.hooks.nri.plugin import NriPlugin, NriSettings
 from runtimeproxy.hooks.nri.rpc import Method, RpcError, StatusCode, TtrpcClient, TtrpcServer
 from runtimeproxy.hooks.nri.service import NriHooks
-from runtimeproxy.hooks.nri.ttrpc import Frame, FrameDecoder, MessageType, encode_frame
+from runtimeproxy.hooks.nri.ttrpc import HEADER, Frame, FrameDecoder, MessageType, encode_frame
 from runtimeproxy.hooks.runner import PluginRunner
 from structlog.testing import capture_logs
 
@@ -110,7 +110,6 @@ async def test_the_server_refuses_what_ttrpc_refuses() -> None:
     server.feed(encode_frame(5, MessageType.REQUEST, request))
     server.feed(encode_frame(5, MessageType.REQUEST, request))  # reused
     server.feed(encode_frame(7, MessageType.DATA, b""))  # streaming: ignored
-    server.feed(b"\x00\x50\x00\x01\x00\x00\x00\x09\x01\x00")  # 5 MiB announced: refused, skipped
     await asyncio.sleep(0.01)
     got = answers(sent)
     by_stream: dict[int, list[int]] = {}
@@ -120,7 +119,6 @@ async def test_the_server_refuses_what_ttrpc_refuses() -> None:
         2: [StatusCode.INVALID_ARGUMENT],
         3: [StatusCode.INVALID_ARGUMENT],
         5: [StatusCode.INVALID_ARGUMENT, StatusCode.OK],  # the reuse is refused at once; the first answered after
-        9: [StatusCode.RESOURCE_EXHAUSTED],
     }
     assert all(s != 7 for s, _, _ in got)
 
@@ -183,6 +181,30 @@ async def test_a_corrupt_stream_ends_the_connection_with_the_reason(tmp_path: Pa
         await connection.close()
 
 
+async def test_a_ttrpc_frame_over_the_limit_ends_the_connection_naming_size_and_limit(tmp_path: Path) -> None:
+    path = str(tmp_path / "nri.sock")
+    request = ttrpc_pb.Request(service="s", method="echo", payload=b"behind").SerializeToString()
+    sent_back: list[bytes] = []
+
+    async def runtime(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        header = HEADER.pack(2**32 - 1, 1, MessageType.REQUEST, 0)  # declares 4 GiB
+        writer.write(encode_chunks(PLUGIN_SERVICE_CONN, header + encode_frame(3, MessageType.REQUEST, request)))
+        await writer.drain()
+        sent_back.append(await reader.read())  # until the plugin closes
+
+    server = await asyncio.start_unix_server(runtime, path)
+    async with server:
+        connection = await connect(path, METHODS)
+        reason = await asyncio.wait_for(connection.closed, 5)
+        assert reason == (
+            "unreadable ttrpc stream: ttrpc frame on stream 1 declares 4294967295 bytes, over the 4194304-byte limit"
+        )
+        with pytest.raises(RpcError, match="UNAVAILABLE: unreadable ttrpc stream"):
+            await connection.client.call("rt", "x", b"", timeout=1)
+        await connection.close()
+    assert sent_back == [b""]  # the request behind the header was not read as one, nor answered
+
+
 async def test_connect_says_why_there_is_no_connection(tmp_path: Path) -> None:
     with pytest.raises(NriUnavailable, match=r"does not exist: .*NRI is disabled.*disable = false"):
         await connect(str(tmp_path / "missing.sock"), METHODS)
@@ -208,7 +230,8 @@ class FakeRuntime:
     * ``silent``: never answers RegisterPlugin; ``close``: closes instead of answering;
     * ``refuse``: answers RegisterPlugin with INVALID_ARGUMENT, as NRI does for a bad index;
     * ``no-configure``: answers it, then sends nothing; ``close-after-register``: answers, then closes;
-    * ``full``: answers, Configure, Synchronize, then stays; ``shutdown``: as full, then Shutdown and close.
+    * ``full``: answers, Configure, Synchronize, then stays; ``shutdown``: as full, then Shutdown and close;
+    * ``oversized``: as full, then a ttrpc header declaring 4 GiB and a request behind it.
     """
 
     def __init__(self, scripts: list[str]) -> None:
@@ -285,6 +308,10 @@ class FakeRuntime:
             )
             answer = await queues[PLUGIN_SERVICE_CONN].get()
             assert ttrpc_pb.Response.FromString(answer.payload).status.code == StatusCode.OK, method
+        if script == "oversized":
+            request = ttrpc_pb.Request(service="nri.pkg.api.v1alpha1.Plugin", method="Synchronize").SerializeToString()
+            header = HEADER.pack(2**32 - 1, 5, MessageType.REQUEST, 0)
+            writer.write(encode_chunks(PLUGIN_SERVICE_CONN, header + encode_frame(7, MessageType.REQUEST, request)))
         if script != "shutdown":
             await closed
 
@@ -323,22 +350,36 @@ async def test_registration_failures_say_what_went_wrong(
         await plugin.stop()
 
 
-async def test_a_shutdown_request_then_the_close_is_logged_and_the_plugin_registers_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "reason", "shutdowns"),
+    [
+        ("shutdown", "the runtime shut NRI down", ["shutdown"]),
+        (  # the connection is ended by the plugin; the request behind the header is never read
+            "oversized",
+            "unreadable ttrpc stream: ttrpc frame on stream 5 declares 4294967295 bytes, over the 4194304-byte limit",
+            [],
+        ),
+    ],
+)
+async def test_the_end_of_a_connection_is_logged_with_its_reason_and_the_plugin_registers_again(
+    tmp_path: Path, script: str, reason: str, shutdowns: list[str]
+) -> None:
     path = str(tmp_path / "nri.sock")
-    runtime = FakeRuntime(["shutdown", "full"])
+    runtime = FakeRuntime([script, "full"])
     server = await asyncio.start_unix_server(runtime, path)
     async with server:
-        plugin, shutdowns = nri_plugin(path)
+        plugin, shutdowns_seen = nri_plugin(path)
         with capture_logs() as logs:
             await plugin.start()
             for _ in range(200):
                 if plugin.registrations == 2:
                     break
                 await asyncio.sleep(0.02)
+        # registered again: the new connection's Configure and Synchronize were answered
         assert plugin.registrations == 2 and runtime.connections == 2
-        assert shutdowns == ["shutdown"]
+        assert shutdowns_seen == shutdowns
         [lost] = [entry for entry in logs if entry["event"] == "NRI connection lost; reconnecting"]
-        assert lost["reason"].startswith("the runtime shut NRI down")
+        assert lost["reason"].startswith(reason)
         assert plugin.hooks.metrics.reconnects._value.get() == 1
         await plugin.stop()
 
