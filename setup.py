@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from setuptools import find_namespace_packages, setup
 
-# Import name -> folder. Folders without __init__.py (relay/, data/) are namespace packages.
+# Import name -> folder. A folder without __init__.py (runtimeproxy/data/) is a namespace package.
 ROOTS = {"runtimeproxy": "runtimeproxy", "runtimeproxy.hooks": "hooks"}
 
 

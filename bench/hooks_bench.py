@@ -44,7 +44,7 @@ from relay_bench import (
 from relay_client import machine_cpu_seconds
 from runtimeproxy.hooks.server import write_registration
 
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.daemons import free_port
 

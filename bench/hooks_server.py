@@ -3,7 +3,7 @@
     python bench/hooks_server.py SOCKET
 
 Serves every RPC of runtime.v1alpha1.RuntimeHookService on the unix socket SOCKET with the
-project's own gRPC server (runtimeproxy.h2server, as runtime-hooks): each decodes its request
+project's own gRPC server (runtimeproxy.wire.grpc_server, as runtime-hooks): each decodes its request
 (the generated messages) and answers an empty response, so the proxy changes nothing. It
 runs on uvloop, as runtime-hooks and the proxy do, so that what it costs is the protocol's,
 not a slower event loop's. It sends READY=1 to $NOTIFY_SOCKET once it serves. It counts
@@ -25,10 +25,10 @@ from typing import Any
 import uvloop
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.h2server import CallInfo, H2Server, UnaryHandler
-from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
-from runtimeproxy.listener import open_unix_listener
-from runtimeproxy.sdnotify import notify
+from runtimeproxy.common.listener import open_unix_listener
+from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
+from runtimeproxy.common.sdnotify import notify
+from runtimeproxy.wire.grpc_server import CallInfo, H2Server, UnaryHandler
 
 PROBE_KEY = "x-hooks-bench-probe"
 SERVICE = hook.DESCRIPTOR.services_by_name["RuntimeHookService"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 # The daemon's imports by weight, dependencies first, ending with the CLI (everything). grpc is
-# not among them: the store rebuild and hook calls use runtimeproxy.h2client (measure it with
+# not among them: the store rebuild and hook calls use runtimeproxy.wire.grpc_client (measure it with
 # `python bench/import_cost.py grpc` for comparison).
 MODULES = (
     "asyncio",
@@ -33,11 +33,11 @@ MODULES = (
     "runtimeproxy.api.runtime.v1alpha1.api_pb2",
     "prometheus_client",
     "runtimeproxy.relay.connection",
-    "runtimeproxy.h2client",
-    "runtimeproxy.metrics",
-    "runtimeproxy.server",
+    "runtimeproxy.wire.grpc_client",
+    "runtimeproxy.proxy.metrics",
+    "runtimeproxy.proxy.server",
     "runtimeproxy.dispatch.layer",
-    "runtimeproxy.cli",
+    "runtimeproxy.proxy.cli",
 )
 
 # Run in the child: RSS (KiB, /proc/self/status) before and after each import, as JSON.

@@ -43,7 +43,7 @@ from typing import Any
 from relay_bench import percentile
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.runtimes import locate
 
@@ -53,7 +53,7 @@ SPEC = json.dumps({"containers": {"app": {"requests": {"kubernetes.io/batch-cpu"
                                           "limits": {"kubernetes.io/batch-cpu": "500"}}}})
 PYTHON = [sys.executable, "-c"]
 HOOKS = [*PYTHON, "from runtimeproxy.hooks.cli import main; main()"]
-PROXY = [*PYTHON, "from runtimeproxy.cli import main; main()"]
+PROXY = [*PYTHON, "from runtimeproxy.proxy.cli import main; main()"]
 
 
 def wait_ready(proc: subprocess.Popen[bytes], notify: socket.socket, timeout: float = 30.0) -> None:

@@ -6,7 +6,7 @@
 It sets up what part 2 of runtime_hooks_bench.py does (the test bed's containerd, runtime-hooks
 with all built-in plugins on the real cgroups and a fake resctrl, a proxy in front of
 containerd calling it) and, as hooks_bench.py does, a second proxy calling the no-op hook server
-on all 13 hook points, with the daemons tracing (RUNTIMEPROXY_TRACE, runtimeproxy/trace.py) into
+on all 13 hook points, with the daemons tracing (RUNTIMEPROXY_TRACE, runtimeproxy/common/trace.py) into
 one file. It starts pods one at a time, direct and through each proxy in alternation, LS and BE
 in turn, prints each target's pod start against the direct pods' as ratios (against the project's
 targets), and for each proxied pod, and averaged, each CRI call as the client saw it split into:
@@ -40,8 +40,8 @@ from relay_bench import Client, Proxy, background_cpus, percentile, require_root
 from runtime_hooks_bench import CLIENT_SCRIPT, KINDS, POLICY, HookedProxy, fake_resctrl, scratch_dir
 from runtime_hooks_client import KUBE_QOS
 
+from runtimeproxy.common.trace import ENV as TRACE_ENV
 from runtimeproxy.testbed import Containerd
-from runtimeproxy.trace import ENV as TRACE_ENV
 
 TARGETS = ("direct", "hooks", "noop")
 PROXIED = TARGETS[1:]

@@ -64,7 +64,7 @@ PROFILE_ENV = "RELAY_BENCH_PROFILE"
 # Run the CLI's own main() under cProfile, timing CPU (not wall) time, until SIGTERM.
 PROFILED_MAIN = f"""
 import cProfile, os, sys, time
-from runtimeproxy.cli import main
+from runtimeproxy.proxy.cli import main
 sys.argv[0] = "runtime-proxy"
 profile = cProfile.Profile(time.thread_time)
 try:

@@ -41,13 +41,13 @@ import uvloop
 from prometheus_client import CollectorRegistry
 from relay_bench import CLIENT_SCRIPT, fill, require_root  # bench/ is on sys.path when run as a script
 
-from runtimeproxy.metrics import CallMetrics
-from runtimeproxy.relay import frames
+from runtimeproxy.proxy.metrics import CallMetrics
+from runtimeproxy.proxy.server import CallLog, ProxyServer, ProxySettings
+from runtimeproxy.relay.call_interceptor import PassThrough
 from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions
-from runtimeproxy.relay.interceptor import PassThrough
 from runtimeproxy.relay.methods import MethodInfo, MethodTable
-from runtimeproxy.server import CallLog, ProxyServer, ProxySettings
 from runtimeproxy.testbed import Containerd
+from runtimeproxy.wire import frames
 
 EVENT = struct.Struct(">cL")  # side (b"c": from the client, b"u": from the backend), length
 Events = list[tuple[bytes, bytes]]

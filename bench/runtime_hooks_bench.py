@@ -55,9 +55,9 @@ from runtime_hooks_client import KUBE_QOS, container_config, sandbox_config
 from runtimeproxy.hooks.cgroups import CgroupFS
 from runtimeproxy.hooks.definition import Handler, Plugin
 from runtimeproxy.hooks.discovery import discover_plugins
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins.resctrl import LAYOUTS
 from runtimeproxy.hooks.policy import Specs, load_policy
-from runtimeproxy.hooks.runner import PluginRunner
 from runtimeproxy.hooks.server import (
     REGISTRATION_FILE,
     container_from_request,
@@ -66,14 +66,14 @@ from runtimeproxy.hooks.server import (
     pod_from_request,
     pod_response,
 )
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1
-from runtimeproxy.hooks.testkit.resctrl import make_fake_resctrl
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1
+from runtimeproxy.hooks.testkit.fake_resctrl import make_fake_resctrl
 from runtimeproxy.hooks.views import ServerContext
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.dispatch import protocol
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
-from runtimeproxy.logs import configure_logging
+from runtimeproxy.common.logs import configure_logging
+from runtimeproxy.hookapi import cri_mapping
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.daemons import free_port, proc_status_kib
 from runtimeproxy.testbed.serve_args import hooks_serve_args
@@ -247,13 +247,13 @@ def hook_requests(pods: Sequence[dict[str, str]], image: str) -> dict[HookPoint,
     requests: dict[HookPoint, list[str]] = {point: [] for point in POINTS}
     for pod in pods:
         config, container = sandbox_config(pod), container_config(pod, image)
-        sandbox = protocol.PodView(secrets.token_hex(32), "", config)
+        sandbox = cri_mapping.PodView(secrets.token_hex(32), "", config)
         built = {
-            HookPoint.PRE_RUN_POD_SANDBOX: protocol.pod_hook_request(protocol.PodView("", "", config)),
-            HookPoint.PRE_CREATE_CONTAINER: protocol.container_hook_request(
-                sandbox, protocol.ContainerView("", container)),
-            HookPoint.POST_START_CONTAINER: protocol.container_hook_request(
-                sandbox, protocol.ContainerView(pod["container_id"], container)),
+            HookPoint.PRE_RUN_POD_SANDBOX: cri_mapping.pod_hook_request(cri_mapping.PodView("", "", config)),
+            HookPoint.PRE_CREATE_CONTAINER: cri_mapping.container_hook_request(
+                sandbox, cri_mapping.ContainerView("", container)),
+            HookPoint.POST_START_CONTAINER: cri_mapping.container_hook_request(
+                sandbox, cri_mapping.ContainerView(pod["container_id"], container)),
         }
         for point, message in built.items():
             requests[point].append(base64.b64encode(message.SerializeToString()).decode())
@@ -384,8 +384,8 @@ def run_hook_calls(args: argparse.Namespace, client: Client, work: Path, scratch
     if not all(counted.get("calls", {}).get(point.value) for point in POINTS):
         raise RuntimeError(f"the no-op hook server was not called on every hook point: {counted}")
     return {
-        "cgroup_root": f"fake cgroup v1 tree (hooks/testkit/cgroups.py, cgroupfs driver) at {tree.root}",
-        "resctrl_root": f"fake resctrl (hooks/testkit/resctrl.py) at {resctrl}",
+        "cgroup_root": f"fake cgroup v1 tree (hooks/testkit/fake_cgroups.py, cgroupfs driver) at {tree.root}",
+        "resctrl_root": f"fake resctrl (hooks/testkit/fake_resctrl.py) at {resctrl}",
         "pool_pods": len(pods),
         "calls_per_run": args.calls,
         "warmup_per_run": args.warmup,

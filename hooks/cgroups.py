@@ -84,8 +84,8 @@ from typing import Any, Final, Protocol
 
 import structlog
 
-from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
-from runtimeproxy.dispatch.merge import CgroupForm
+from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
+from runtimeproxy.hookapi.merge_rules import CgroupForm
 
 from .kernel_files import read_bytes
 

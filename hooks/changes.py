@@ -1,6 +1,6 @@
 """What plugin handlers write: a HookResponse of ResourceChanges, EnvChanges, annotations,
 labels and a cgroup parent, with the checks the proxy would apply (``problems``) and the merge
-rule (later plugins win). The resource fields come from runtimeproxy/dispatch/resource_fields.py."""
+rule (later plugins win). The resource fields come from runtimeproxy/hookapi/resource_fields.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtimeproxy.dispatch import limits, resource_fields
-from runtimeproxy.dispatch.hookpoints import HookKind
+from runtimeproxy.hookapi import resource_fields, value_bounds
+from runtimeproxy.hookapi.hookpoints import HookKind
 
 from .convert import resources_to_proto
 from .overwrites import ENV_KIND
@@ -74,7 +74,7 @@ class ResourceChanges:
             message = resources_to_proto(self)
         except (ValueError, TypeError) as exc:  # e.g. an int out of int64 range
             return [f"resources: {exc}"]
-        return [f"resources: {problem}" for problem in limits.validate_resources(message)]
+        return [f"resources: {problem}" for problem in value_bounds.validate_resources(message)]
 
 
 # What a new ResourceChanges holds, attribute by attribute, and the very types of its values:
@@ -128,7 +128,7 @@ class EnvChanges:
                 found.append(f"env: names and values must be str, got {name!r}={value!r}")
         if found:
             return found
-        return [f"env: {problem}" for problem in limits.validate_env(self.encoded())]
+        return [f"env: {problem}" for problem in value_bounds.validate_env(self.encoded())]
 
     def encoded(self) -> list[tuple[str, bytes]]:
         """The changes with values as bytes (surrogateescape undone)."""

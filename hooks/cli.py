@@ -28,18 +28,18 @@ import uvloop
 from prometheus_client import CollectorRegistry
 
 from runtimeproxy import __version__
-from runtimeproxy.cli_options import (
+from runtimeproxy.common.cli_options import (
     hook_config_dir_option,
     logging_options,
     max_message_size_option,
     metrics_address_option,
 )
-from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
-from runtimeproxy.listener import AlreadyServing
-from runtimeproxy.logs import configure_logging
-from runtimeproxy.malloc import trim_every
-from runtimeproxy.metrics import start_metrics_server
-from runtimeproxy.sdnotify import Watchdog, notify
+from runtimeproxy.common.listener import AlreadyServing
+from runtimeproxy.common.logs import configure_logging
+from runtimeproxy.common.malloc import trim_every
+from runtimeproxy.common.sdnotify import Watchdog, notify
+from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
+from runtimeproxy.wire.peer_limit_metrics import start_metrics_server
 
 from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots
 from .container_repair import CgroupWrites, ContainerRepair, RepairApplier, RepairMetrics
@@ -48,11 +48,11 @@ from .nri.modes import mode_lines, modes_of
 from .nri.plugin import DEFAULT_PLUGIN_INDEX, DEFAULT_PLUGIN_NAME, NriPlugin, NriSettings
 from .nri.repair import CriUpdates
 from .nri.serving import start_nri
+from .plugin_runner import HookCallFailed, PluginRunner
 from .policy import Policy, PolicyError, PolicyWatcher, Specs, default_policy, dump_policy, load_policy
 from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
-from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
-from .resctrl import ResctrlFS
-from .runner import HookCallFailed, PluginRunner
+from .resctrl_fs import DEFAULT_ROOT as RESCTRL_ROOT
+from .resctrl_fs import ResctrlFS
 from .server import (
     DEFAULT_DEREGISTER_GRACE,
     DEFAULT_ENDPOINT,
@@ -562,7 +562,7 @@ def explain(
     configure_logging(log_level.lower(), "console")
     # stdout is the explanation; a one-shot command needs no logger caching.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=False)
-    from runtimeproxy.play.manifest import ManifestError  # imports kubernetes: only here
+    from runtimeproxy.kubelet_model.manifest import ManifestError  # imports kubernetes: only here
 
     from .explain import explain_manifest, render_text
 

@@ -40,7 +40,7 @@ from typing import Final, Protocol
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 from .cgroups import MAX_SHARES, MIN_SHARES, CgroupError, CgroupFS, CgroupVersion
 from .changes import ResourceChanges
@@ -55,8 +55,8 @@ from .drift import (
     wanted_fields,
 )
 from .pacing import paced
+from .plugin_runner import HookCallFailed, PluginRunner
 from .plugins.batch_memory import parse_limit
-from .runner import HookCallFailed, PluginRunner
 from .views import ContainerInfo, PodInfo
 
 __all__ = [

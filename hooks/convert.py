@@ -1,6 +1,6 @@
 """Protobuf conversion between the hook API and the plugin SDK's plain values (used by the
 server and the runner; plugins never see protobuf). The fields come from the descriptor
-(runtimeproxy/dispatch/resource_fields.py), not from a list kept here."""
+(runtimeproxy/hookapi/resource_fields.py), not from a list kept here."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.dispatch import resource_fields
+from runtimeproxy.hookapi import resource_fields
 
 from .qos import QoSResolution, resolve_qos
 from .views import ContainerInfo, HugepageLimit, PodInfo, Resources

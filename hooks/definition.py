@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeVar
 
-from runtimeproxy.coroutines import never_suspends
-from runtimeproxy.dispatch.hookpoints import HookPoint, parse_hook_point
+from runtimeproxy.common.coroutines import never_suspends
+from runtimeproxy.hookapi.hookpoints import HookPoint, parse_hook_point
 
 from . import policy as policy_mod
 from .settings import Invalid, SectionCheck, SettingsSpec, join
@@ -105,7 +105,7 @@ class Handler:
 
     ``never_suspends``: an ``async def`` with no ``await``, ``async for`` or ``async with`` in its
     body can never give the loop a turn, so the runner calls it in the hook call itself, without
-    a task of its own and the loop turns that costs (runner.PluginRunner._call_now).
+    a task of its own and the loop turns that costs (plugin_runner.PluginRunner._call_now).
     """
 
     fn: Callable[..., Any]
@@ -113,7 +113,7 @@ class Handler:
     name: str
     never_suspends: bool = False
     #: ``@plugin.on(..., when=predicate)``: called with the handler's arguments right before the
-    #: handler would be; a false answer means the handler is not called (runner.PluginRunner._filter).
+    #: handler would be; a false answer means the handler is not called (plugin_runner.PluginRunner._filter).
     when: Callable[..., Any] | None = None
     when_name: str = ""
 

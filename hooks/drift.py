@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from runtimeproxy.dispatch.limits import parse_cpuset
+from runtimeproxy.hookapi.value_bounds import parse_cpuset
 
 from .cgroups import MAX_SHARES, MIN_SHARES, shares_to_weight
 from .changes import ResourceChanges

@@ -3,7 +3,7 @@
 The Pod manifest goes through :mod:`runtimeproxy.play` -- ``load_pod`` and ``build_plan`` --
 into the CRI requests kubelet would send (RunPodSandbox, then CreateContainer and
 StartContainer per container). Each request becomes the hook request the proxy would build
-(:mod:`runtimeproxy.dispatch.protocol`) and then the PodInfo / ContainerInfo the hook server
+(:mod:`runtimeproxy.hookapi.cri_mapping`) and then the PodInfo / ContainerInfo the hook server
 would hand its plugins (:mod:`runtimeproxy.hooks.server`), so the plugins see exactly what
 they would see on the node. Every enabled plugin then runs, through a
 :class:`~runtimeproxy.hooks.sdk.PluginRunner` as in the server: its ``on_start``, then its
@@ -40,13 +40,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from runtimeproxy.dispatch import protocol, resource_fields
-from runtimeproxy.dispatch.hookpoints import HookPoint
-from runtimeproxy.dispatch.layer import DEFAULT_CGROUP_ROOTS
-from runtimeproxy.play.kubelet import CgroupDriver as KubeletCgroupDriver
-from runtimeproxy.play.kubelet import PodPlan, build_plan
-from runtimeproxy.play.manifest import load_pod
-from runtimeproxy.play.qos import KubeQoSClass
+from runtimeproxy.hookapi import cri_mapping, resource_fields
+from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
+from runtimeproxy.hookapi.hookpoints import HookPoint
+from runtimeproxy.kubelet_model.kube_qos import KubeQoSClass
+from runtimeproxy.kubelet_model.manifest import load_pod
+from runtimeproxy.kubelet_model.pod_plan import CgroupDriver as KubeletCgroupDriver
+from runtimeproxy.kubelet_model.pod_plan import PodPlan, build_plan
 
 from . import server as server_mod
 from .cgroups import (
@@ -63,6 +63,7 @@ from .changes import HookResponse
 from .convert import qos_of
 from .definition import Plugin
 from .extended_resources import EXTENDED_RESOURCE_SPEC_ANNOTATION
+from .plugin_runner import HookCallFailed, PluginRunner, filtered_reason
 from .plugins import cpu as cpu_plugin
 from .plugins import cpuset as cpuset_plugin
 from .plugins import memory as memory_plugin
@@ -71,14 +72,8 @@ from .plugins.cpuset import cpuset_from_annotations
 from .podview import RESOURCE_STATUS_ANNOTATION
 from .policy import DEFAULT_POLICY, Policy
 from .qos import QoSClass, QoSResolution
-from .resctrl import DEFAULT_ROOT as RESCTRL_ROOT
-from .resctrl import (
-    AddTasksResult,
-    ResctrlError,
-    ResctrlFS,
-    parse_schemata,
-)
-from .runner import HookCallFailed, PluginRunner, filtered_reason
+from .resctrl_fs import DEFAULT_ROOT as RESCTRL_ROOT
+from .resctrl_fs import AddTasksResult, ResctrlError, ResctrlFS, parse_schemata
 from .settings import SettingsSpec
 from .views import ContainerInfo, PodInfo, ServerContext
 
@@ -587,12 +582,12 @@ def _copy(message: Any) -> Any:
     return duplicate
 
 
-def _pod_info(pod: protocol.PodView) -> PodInfo:
-    return server_mod.pod_from_request(protocol.pod_hook_request(pod))
+def _pod_info(pod: cri_mapping.PodView) -> PodInfo:
+    return server_mod.pod_from_request(cri_mapping.pod_hook_request(pod))
 
 
-def _container_infos(pod: protocol.PodView, container: protocol.ContainerView) -> tuple[PodInfo, ContainerInfo]:
-    request = protocol.container_hook_request(pod, container)
+def _container_infos(pod: cri_mapping.PodView, container: cri_mapping.ContainerView) -> tuple[PodInfo, ContainerInfo]:
+    request = cri_mapping.container_hook_request(pod, container)
     return server_mod.pod_from_container_request(request), server_mod.container_from_request(request)
 
 
@@ -617,7 +612,7 @@ class _Rehearsal:
             for plugin, runner in self.runners
         }
         self.recorder = recorder
-        self.output_rules = protocol.OutputRules(tuple(cgroup_roots))
+        self.output_rules = cri_mapping.OutputRules(tuple(cgroup_roots))
         self.fail_policy = any(plugin.failure_policy == "fail" for plugin in plugins)
         self.calls: list[CallResult] = []
 
@@ -679,19 +674,19 @@ class _Rehearsal:
         else:
             call.error = f"the hook server would answer an error ({failed}); the proxy relays {call.call} unchanged"
 
-    async def pod_sandbox(self, pod: protocol.PodView) -> None:
+    async def pod_sandbox(self, pod: cri_mapping.PodView) -> None:
         call = CallResult("RunPodSandbox", HookPoint.PRE_RUN_POD_SANDBOX.value)
         merged, failed = await self.run(HookPoint.PRE_RUN_POD_SANDBOX, _pod_info(pod), None)
         if failed:
             self.refused(call, failed)
         elif not merged.is_empty():
             try:
-                call.changes = protocol.apply_pod_response(pod, server_mod.pod_response(merged), self.output_rules)
-            except protocol.InvalidHookOutput as exc:
+                call.changes = cri_mapping.apply_pod_response(pod, server_mod.pod_response(merged), self.output_rules)
+            except cri_mapping.InvalidHookOutput as exc:
                 call.error = f"the proxy would refuse the hook server's answer ({exc}) and relay the call unchanged"
         self.calls.append(call)
 
-    async def container(self, pod: protocol.PodView, container: protocol.ContainerView, name: str) -> None:
+    async def container(self, pod: cri_mapping.PodView, container: cri_mapping.ContainerView, name: str) -> None:
         call = CallResult("CreateContainer", HookPoint.PRE_CREATE_CONTAINER.value, name)
         merged, failed = await self.run(HookPoint.PRE_CREATE_CONTAINER, *_container_infos(pod, container))
         if failed:
@@ -699,12 +694,12 @@ class _Rehearsal:
         elif not merged.is_empty():
             response = server_mod.container_response(merged)
             try:
-                call.changes = protocol.apply_container_response(pod, container, response, self.output_rules)
-            except protocol.InvalidHookOutput as exc:
+                call.changes = cri_mapping.apply_container_response(pod, container, response, self.output_rules)
+            except cri_mapping.InvalidHookOutput as exc:
                 call.error = f"the proxy would refuse the hook server's answer ({exc}) and relay the call unchanged"
         self.calls.append(call)
 
-    async def started(self, pod: protocol.PodView, container: protocol.ContainerView) -> None:
+    async def started(self, pod: cri_mapping.PodView, container: cri_mapping.ContainerView) -> None:
         for point in CREATION_PATH[2:]:
             await self.run(point, *_container_infos(pod, container))
 
@@ -871,7 +866,7 @@ async def explain_plan(
     sandbox_config = sandbox_request.config
     sandbox_id = _placeholder("sandbox", plan.uid)
     ids = {"sandbox": sandbox_id}
-    pod_view = protocol.PodView("", sandbox_request.runtime_handler, sandbox_config)
+    pod_view = cri_mapping.PodView("", sandbox_request.runtime_handler, sandbox_config)
     qos: QoSResolution = qos_of(_pod_info(pod_view))
     version_known = node["cgroup_version"] != "none"
     if version_known:  # kubelet creates the pod's cgroup before RunPodSandbox
@@ -887,9 +882,9 @@ async def explain_plan(
             container_id = _placeholder("container", plan.uid, container.name)
             ids[container.name] = container_id
             request = container.for_sandbox(sandbox_id)
-            protocol.follow_pod(request.sandbox_config, sandbox_config)  # as the proxy does at CreateContainer
-            creating = protocol.PodView(sandbox_id, sandbox_request.runtime_handler, request.sandbox_config)
-            view = protocol.ContainerView("", request.config)
+            cri_mapping.follow_pod(request.sandbox_config, sandbox_config)  # as the proxy does at CreateContainer
+            creating = cri_mapping.PodView(sandbox_id, sandbox_request.runtime_handler, request.sandbox_config)
+            view = cri_mapping.ContainerView("", request.config)
             await rehearsal.container(creating, view, container.name)
             view.container_id = container_id
             if version_known:  # runc creates the container's cgroup at CreateContainer

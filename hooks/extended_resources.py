@@ -46,8 +46,8 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Final
 
-from . import go_json
-from .go_json import GoObject, json_kind, merged_map, struct_fields
+from . import annotation_json
+from .annotation_json import GoObject, json_kind, merged_map, struct_fields
 
 __all__ = [
     "BATCH_CPU",
@@ -215,7 +215,7 @@ def _notes(containers: Mapping[str, ContainerResources]) -> tuple[str, ...]:
 
 
 def _decode(text: str) -> ExtendedResourceSpec:
-    data = go_json.loads(text)
+    data = annotation_json.loads(text)
     if data is None:
         return ExtendedResourceSpec()
     if not isinstance(data, GoObject):

@@ -2,7 +2,7 @@
 
 Each round lists the runtime (ListPodSandbox, ListContainers): sandboxes in state READY and their
 containers in state CREATED or RUNNING are live. An object seen for the first time is rebuilt from
-its verbose status by :class:`runtimeproxy.dispatch.store.RuntimeLoader` -- the records the proxy
+its verbose status by :class:`runtimeproxy.runtime_state.RuntimeLoader` -- the records the proxy
 rebuilds its store from, so plugins see what a hook call would have shown them. :class:`LivePodCache`
 keeps what it rebuilt, by id, and for an object it knows asks only for what can change after
 creation. Checked against containerd 1.6.20 and 1.7.24 (tests/hooks/test_hooks_live_pods.py):
@@ -14,7 +14,7 @@ creation. Checked against containerd 1.6.20 and 1.7.24 (tests/hooks/test_hooks_l
   ``status.resources``, which the non-verbose ContainerStatus reports exactly as the verbose one
   does. A known container costs one non-verbose ContainerStatus (about a tenth of the bytes, no JSON),
   and its resources are laid over the create-time ones as a full load does
-  (:func:`runtimeproxy.dispatch.store.current_resources`).
+  (:func:`runtimeproxy.runtime_state.current_resources`).
 
 So a round gives what loading every object in full gives. Not checked: a runtime that implements
 UpdatePodSandboxResources (neither test-bed series does) and records it in the sandbox's info would
@@ -36,7 +36,7 @@ from typing import Any, Final, TypeVar
 import structlog
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.dispatch.store import (
+from runtimeproxy.runtime_state import (
     RUNTIME_DOWN,
     ContainerEntry,
     RuntimeLoader,
@@ -48,8 +48,8 @@ from runtimeproxy.dispatch.store import (
     describe_error,
     sandbox_from_list_item,
 )
-from runtimeproxy.dispatch.store.entries import copy_message
-from runtimeproxy.h2client import status_of
+from runtimeproxy.runtime_state.entries import copy_message
+from runtimeproxy.wire.grpc_client import status_of
 
 from .convert import resources_from_proto
 from .views import ContainerInfo, PodInfo

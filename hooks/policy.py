@@ -42,7 +42,7 @@ from typing import Any, Final
 import structlog
 import yaml
 
-from runtimeproxy.dirwatch import DirectoryChanges
+from runtimeproxy.common.dirwatch import DirectoryChanges
 
 from . import data as _data
 from .settings import Invalid, SectionSettings, SettingsSpec, boolean, build, mapping, parsed_by, plain, seconds
@@ -324,7 +324,7 @@ class PolicyWatcher:
     symlink swap, and re-read when its (mtime, size, inode) changes; replace it atomically
     (write, then rename) so no half-written version is read. ``poll_interval`` is the fallback:
     it is polled that often while the directory cannot be watched (no inotify, out of watches,
-    no directory yet), and every ``runtimeproxy.dirwatch.SAFETY_NET_FACTOR`` times that while
+    no directory yet), and every ``runtimeproxy.common.dirwatch.SAFETY_NET_FACTOR`` times that while
     watched, for what inotify cannot see (a symlinked file's target edited in another
     directory, a bind mount).
 

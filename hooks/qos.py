@@ -57,7 +57,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final, Literal, Protocol
 
-from runtimeproxy.dispatch.limits import Resources as ResourcesMessage  # either API's resources message
+from runtimeproxy.hookapi.value_bounds import Resources as ResourcesMessage  # either API's resources message
 
 __all__ = [
     "KATALYST_MEMORY_ENHANCEMENT_ANNOTATION",

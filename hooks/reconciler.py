@@ -8,7 +8,7 @@ takes effect at once) the :class:`Reconciler`:
 
 1. lists the live pods from the CRI runtime: sandboxes in state READY and their containers
    in state CREATED or RUNNING, each rebuilt from the runtime's verbose status by
-   :class:`runtimeproxy.dispatch.store.RuntimeLoader` -- the same records the proxy rebuilds
+   :class:`runtimeproxy.runtime_state.RuntimeLoader` -- the same records the proxy rebuilds
    its store from, so plugins see what a hook call would have shown them. Objects are loaded
    in full once and kept (hooks/live_pods.py): a later round costs the two List calls and a
    non-verbose ContainerStatus per known container (its current resources), and gives what
@@ -77,14 +77,14 @@ from typing import Any, Final
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from runtimeproxy import trace
-from runtimeproxy.dispatch.store import RuntimeLoader, describe_error
-from runtimeproxy.metrics import DURATION_BUCKETS
+from runtimeproxy.common import trace
+from runtimeproxy.common.metrics_export import DURATION_BUCKETS
+from runtimeproxy.runtime_state import RuntimeLoader, describe_error
 
 from .container_repair import ContainerRepair, RepairApplier
 from .live_pods import LivePodCache, LivePods, container_info, list_live_pods, pod_info
+from .plugin_runner import PluginFailure, PluginRunner
 from .policy import Policy
-from .runner import PluginFailure, PluginRunner
 from .views import ContainerInfo, PodInfo
 
 __all__ = [

@@ -78,7 +78,7 @@ threads): guard state shared between calls.
 * hooks/definition.py: ``Plugin``, its handlers and their checks (``PluginDefinitionError``),
   the arguments handlers get (``HANDLER_KWARGS``, ``LIFECYCLE_KWARGS``, ``RECONCILE_KWARGS``).
 * hooks/discovery.py: entry points (``discover_plugins``, ``load_entry_point``), ``settings_specs``.
-* hooks/runner.py: ``PluginRunner``, call outcomes (``RunResult``, ``PluginFailure``,
+* hooks/plugin_runner.py: ``PluginRunner``, call outcomes (``RunResult``, ``PluginFailure``,
   ``HookCallFailed``, ``ReconcileReport``) and ``PluginMetrics``.
 * hooks/convert.py: protobuf conversion (``resources_from_proto``, ``resources_to_proto``) and
   ``qos_of`` (the pod's class).
@@ -89,7 +89,7 @@ threads): guard state shared between calls.
 
 from __future__ import annotations
 
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
 from .changes import EnvChanges, HookResponse, ResourceChanges
 from .convert import qos_of, resources_from_proto, resources_to_proto
@@ -112,8 +112,7 @@ from .discovery import (
     settings_specs,
 )
 from .pacing import paced
-from .qos import QoSClass
-from .runner import (
+from .plugin_runner import (
     HookCallFailed,
     Outcome,
     PluginFailure,
@@ -123,6 +122,7 @@ from .runner import (
     RunResult,
     filtered_reason,
 )
+from .qos import QoSClass
 from .views import ContainerInfo, HugepageLimit, PodInfo, Resources, ServerContext
 
 __all__ = [

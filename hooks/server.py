@@ -8,11 +8,11 @@ proxy fails a hook whose registered server answers UNIMPLEMENTED, and the proxy 
 call a point that the registration has just dropped. A plugin with failure policy "fail"
 that fails makes the RPC answer INTERNAL with "plugin <name> failed at <hook point>: <reason>".
 
-**Socket and protocol.** The socket comes from runtimeproxy.listener: the flock on
+**Socket and protocol.** The socket comes from runtimeproxy.common.listener: the flock on
 ``<endpoint>.lock`` (one instance per path; a second one stops with AlreadyServing), the
 refusal to replace a live socket or a non-socket, the directory's creation, and a socket never
 reachable with looser permissions than ``socket_mode``. The lock is held until the server
-stops. gRPC is served on it by runtimeproxy.h2server, in the event loop's thread: grpc.aio
+stops. gRPC is served on it by runtimeproxy.wire.grpc_server, in the event loop's thread: grpc.aio
 woke three idle threads per call, about 0.6 ms of each hook round trip during a pod start.
 A request that does not decode is answered INTERNAL.
 
@@ -44,7 +44,7 @@ would refuse the pod. Then it stops accepting calls, lets those in flight finish
 ``stop_grace`` and runs the plugins' on_stop.
 
 **Message size.** The server sends and accepts messages up to ``max_message_size``, by
-default the proxy's own limit (runtimeproxy.limits): a request the proxy relays (a
+default the proxy's own limit (runtimeproxy.common.message_size): a request the proxy relays (a
 CreateContainer with large annotations, say) reaches the plugins whole.
 """
 
@@ -61,23 +61,22 @@ from typing import Any, Final
 import structlog
 from google.protobuf.message import DecodeError
 
-from runtimeproxy import trace
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.cli_options import DEFAULT_HOOK_CONFIG_DIR  # the directory the proxy reads
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
-from runtimeproxy.dispatch.layer import DEFAULT_POLL_INTERVAL
-from runtimeproxy.dispatch.registry import MAX_TIMEOUT
-from runtimeproxy.h2server import CallInfo, H2Server, RpcError, UnaryHandler
-from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
-from runtimeproxy.listener import UnixListener, open_unix_listener
-from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.common import trace
+from runtimeproxy.common.cli_options import DEFAULT_HOOK_CONFIG_DIR  # the directory the proxy reads
+from runtimeproxy.common.listener import UnixListener, open_unix_listener
+from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
+from runtimeproxy.hookapi.defaults import DEFAULT_POLL_INTERVAL, MAX_TIMEOUT
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
+from runtimeproxy.wire.grpc_framing import StatusCode
+from runtimeproxy.wire.grpc_server import CallInfo, H2Server, RpcError, UnaryHandler
 
 from .changes import HookResponse
 from .convert import frozen_map, resources_from_proto, resources_to_proto
 from .definition import Plugin
+from .plugin_runner import HookCallFailed, PluginRunner
 from .policy import Policy
 from .qos import QoSClass
-from .runner import HookCallFailed, PluginRunner
 from .views import ContainerInfo, PodInfo
 
 __all__ = [

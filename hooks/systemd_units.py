@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from runtimeproxy.dispatch.limits import parse_cpuset
+from runtimeproxy.hookapi.value_bounds import parse_cpuset
 
 from .cgroups import CgroupPathError, expand_slice
 

@@ -13,7 +13,7 @@ from . import policy as policy_mod
 
 if TYPE_CHECKING:
     from .cgroups import CgroupFS
-    from .resctrl import ResctrlFS
+    from .resctrl_fs import ResctrlFS
 
 __all__ = ["ContainerInfo", "HugepageLimit", "PodInfo", "Resources", "ServerContext"]
 

@@ -1,4 +1,13 @@
-"""runtimeproxy: a CRI proxy that calls runtime-hook servers around pod and container lifecycle calls."""
+"""runtimeproxy: a CRI proxy that calls runtime-hook servers around pod and container lifecycle calls.
+
+Packages, those the others build on first: api (generated protobuf), common (what both daemons
+are built from), hookapi (the hook vocabulary both ends share), wire (HTTP/2 and gRPC),
+runtime_state (the runtime's pods read back over CRI), kubelet_model (what kubelet sends for a
+manifest); relay (the data path), dispatch (the proxy's hook layer), proxy (the runtime-proxy
+daemon); play and testbed (kubelet's and containerd's stand-ins); hooks (runtime-hooks,
+installed from the hooks/ folder). Each says in its docstring what it may import; this module
+imports nothing of them.
+"""
 
 from typing import Any
 

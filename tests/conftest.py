@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import structlog
 
-from runtimeproxy import logs
+from runtimeproxy.common import logs
 from runtimeproxy.testbed import Containerd, ContainerdBuild, RuntimeFetchError
 from runtimeproxy.testbed.runtimes import SERIES_SUITES, locate
 

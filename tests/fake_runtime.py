@@ -33,10 +33,10 @@ from unix_server import UnixServer
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as pb_grpc
-from runtimeproxy.metrics import CallMetrics
-from runtimeproxy.relay import frames, grpc_wire
-from runtimeproxy.relay.interceptor import CallInterceptor
-from runtimeproxy.server import DEFAULT_MAX_MESSAGE, ProxyServer, ProxySettings
+from runtimeproxy.proxy.metrics import CallMetrics
+from runtimeproxy.proxy.server import DEFAULT_MAX_MESSAGE, ProxyServer, ProxySettings
+from runtimeproxy.relay.call_interceptor import CallInterceptor
+from runtimeproxy.wire import frames, grpc_framing
 
 MiB = 1024 * 1024
 FUTURE_METHOD = "/runtime.v1.RuntimeService/FutureCall"
@@ -498,13 +498,13 @@ class RawResponse:
         return None if code is None else int(code)
 
     def messages(self) -> list[bytes]:
-        split = grpc_wire.split_messages(bytes(self.data))
+        split = grpc_framing.split_messages(bytes(self.data))
         assert split is not None, "response DATA does not frame as gRPC messages"
         return [m.body for m in split]
 
 
 class RawH2Client:
-    """A minimal HTTP/2 gRPC client over a unix socket, built from the relay's own frame helpers.
+    """A minimal HTTP/2 gRPC client over a unix socket, built from the project's own frame helpers.
 
     Unlike grpc-core and grpc-go it does not wait for the server's SETTINGS before sending
     its first request, and it can pad frames and split header blocks at will.
@@ -578,7 +578,7 @@ class RawH2Client:
         block = self.request_headers(path, metadata)
         step = -(-len(block) // header_chunks)
         pieces = [block[i : i + step] for i in range(0, len(block), step)]
-        body = message if framed else grpc_wire.encode_message(message)
+        body = message if framed else grpc_framing.encode_message(message)
         out = bytearray()
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
@@ -756,6 +756,6 @@ class RawH2Server:
         trailers = encoder.encode([("grpc-status", "0")])
         return (
             frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS, sid, headers)
-            + frames.frame(frames.DATA, 0, sid, grpc_wire.encode_message(self.response))
+            + frames.frame(frames.DATA, 0, sid, grpc_framing.encode_message(self.response))
             + frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS | frames.FLAG_END_STREAM, sid, trailers)
         )

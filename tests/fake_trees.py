@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 
 #: (cgroup version, driver) of each tree: ``@pytest.fixture(params=TREES, ids=tree_id)``.
 TREES = [(v, d) for v in (1, 2) for d in ("cgroupfs", "systemd")]

@@ -1,7 +1,7 @@
 """HTTP/2 floods as a hostile peer sends them, and a raw socket peer that sends one without
 reading: what the flood tests of the relay, our gRPC client and server and the daemons share.
 
-Each flood in `FLOODS` is far past the default limits (relay.peer_limits), in frames no
+Each flood in `FLOODS` is far past the default limits (wire.peer_limits), in frames no
 kubelet, containerd or hook server sends, and names the limit it must trip.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from runtimeproxy.relay import frames
-from runtimeproxy.relay.hpack_literal import encode_literal_block
-from runtimeproxy.relay.peer_limits import DEFAULT_LIMITS, LimitSettings, Rate, exceeded_counts
+from runtimeproxy.wire import frames
+from runtimeproxy.wire.hpack_literal import encode_literal_block
+from runtimeproxy.wire.peer_limits import DEFAULT_LIMITS, LimitSettings, Rate, exceeded_counts
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 LIMIT_EVENT = "closing the HTTP/2 connection: the peer went over a limit"

@@ -24,9 +24,9 @@ from prometheus_client import CollectorRegistry
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as cri_grpc
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.layer import HookLayer, HookSettings
-from runtimeproxy.server import ProxyServer, ProxySettings
+from runtimeproxy.hookapi.hookpoints import HookPoint
+from runtimeproxy.proxy.server import ProxyServer, ProxySettings
 from runtimeproxy.testbed import Containerd
 
 T = TypeVar("T")

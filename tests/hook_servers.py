@@ -38,9 +38,9 @@ from unix_server import UnixServer
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
-from runtimeproxy.relay import frames
-from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
+from runtimeproxy.wire import frames
+from runtimeproxy.wire.grpc_framing import StatusCode
 
 __all__ = [
     "INVALID_CONTAINER_RESPONSES",

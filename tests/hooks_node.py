@@ -42,10 +42,10 @@ from pods import (
     read_int,
 )
 from prometheus_client.parser import text_string_to_metric_families
-from runtimeproxy.hooks.testkit.resctrl import make_fake_resctrl
+from runtimeproxy.hooks.testkit.fake_resctrl import make_fake_resctrl
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 # The hook server, with this process's resctrl "kernel" replaced by the fake (see the module doc).

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from runtimeproxy.dirwatch import DirWatch
+from runtimeproxy.common.dirwatch import DirWatch
 
 
 def fail_inotify(monkeypatch: pytest.MonkeyPatch, code: int, call: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from runtimeproxy.hooks.runner import PluginRunner
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 
 
 @pytest.fixture

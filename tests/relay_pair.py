@@ -9,11 +9,11 @@ from __future__ import annotations
 import hpack
 from fake_runtime import grpc_request_headers
 
-from runtimeproxy.relay import frames
+from runtimeproxy.relay.call_interceptor import CallInterceptor, PassThrough
 from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions
-from runtimeproxy.relay.grpc_wire import encode_message
-from runtimeproxy.relay.interceptor import CallInterceptor, PassThrough
 from runtimeproxy.relay.methods import MethodInfo, MethodTable
+from runtimeproxy.wire import frames
+from runtimeproxy.wire.grpc_framing import encode_message
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 

@@ -14,17 +14,12 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
-from runtimeproxy.hooks.runner import Outcome, PluginMetrics
+from runtimeproxy.hooks.plugin_runner import Outcome, PluginMetrics
 
-from runtimeproxy.metrics import (
-    DURATION_BUCKETS,
-    CallMetrics,
-    MetricsServer,
-    code_name,
-    format_address,
-    parse_address,
-    start_metrics_server,
-)
+from runtimeproxy.common.metrics_export import DURATION_BUCKETS, MetricsServer, format_address, parse_address
+from runtimeproxy.proxy.metrics import CallMetrics
+from runtimeproxy.wire.grpc_framing import code_name
+from runtimeproxy.wire.peer_limit_metrics import start_metrics_server
 
 
 @pytest.fixture

@@ -1,1 +1,2 @@
-"""Package data of runtimeproxy.hooks: the default QoS policy (``default-policy.yaml``)."""
+"""Package data of runtimeproxy.hooks: the default QoS policy (``default-policy.yaml``). No code,
+so it imports nothing."""

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Final
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 __all__ = ["DEFERRED", "EVENT_NAMES", "EVENT_POINTS", "NOT_IN_NRI", "Mode", "event_mask", "events_for", "modes_of"]
 

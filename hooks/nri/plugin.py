@@ -1,6 +1,6 @@
 """runtime-hooks as an NRI plugin: register, get configured and synchronized, stay connected.
 
-:meth:`NriPlugin.start` connects to the runtime's NRI socket (hooks/nri/connection.py),
+:meth:`NriPlugin.start` connects to the runtime's NRI socket (hooks/nri/runtime_link.py),
 registers (Runtime.RegisterPlugin with our name and two-digit index; the runtime gives a
 plugin 5 s for it) and waits until the runtime has configured (Configure: our event
 subscription) and synchronized it (Synchronize: the pods it has). Only then is the plugin
@@ -19,7 +19,7 @@ connection. A runtime that does send it is logged, and the close that follows is
 **Reconnecting.** When the connection ends -- the runtime restarts or shuts NRI down, or
 dropped us for a missed deadline -- the plugin connects and registers again at once, and
 after a failed attempt as soon as the socket's directory changes (inotify,
-runtimeproxy/dirwatch.py: the runtime makes its socket anew when it starts) or after a backoff
+runtimeproxy/common/dirwatch.py: the runtime makes its socket anew when it starts) or after a backoff
 of 0.05 s doubling to 0.4 s, whichever comes first, for as long as it runs. So registration
 follows the socket's return within half a second, with or without inotify. A failure is
 logged at warning when its reason differs from the previous attempt's (at debug when the
@@ -42,10 +42,10 @@ from typing import Any, Final
 import structlog
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
-from runtimeproxy.dirwatch import DirectoryChanges
+from runtimeproxy.common.dirwatch import DirectoryChanges
 
-from .connection import NriConnection, NriUnavailable, connect
 from .rpc import Method, RpcError, StatusCode
+from .runtime_link import NriConnection, NriUnavailable, connect
 from .service import PLUGIN_SERVICE, RUNTIME_SERVICE, NriHooks
 
 __all__ = ["DEFAULT_PLUGIN_INDEX", "DEFAULT_PLUGIN_NAME", "NriPlugin", "NriSettings"]

@@ -37,11 +37,11 @@ import structlog
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.dispatch import resource_fields
-from runtimeproxy.dispatch.store import RUNTIME_DOWN, describe_error
-from runtimeproxy.endpoints import socket_path
-from runtimeproxy.h2client import H2Channel, RpcError
-from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
+from runtimeproxy.common.endpoints import socket_path
+from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
+from runtimeproxy.hookapi import resource_fields
+from runtimeproxy.runtime_state import RUNTIME_DOWN, describe_error
+from runtimeproxy.wire.grpc_client import H2Channel, RpcError
 
 from ..container_repair import ContainerRepair, RepairDeferred, RepairFailed, RepairPlan
 from ..drift import seen_in_record

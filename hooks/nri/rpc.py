@@ -31,7 +31,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb
-from runtimeproxy.relay.grpc_wire import CODE_NAMES, StatusCode
+from runtimeproxy.wire.grpc_framing import CODE_NAMES, StatusCode
 
 from .ttrpc import Frame, FrameDecoder, MessageType, encode_frame
 

@@ -49,11 +49,11 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
 from ..changes import HookResponse
 from ..container_repair import ContainerRepair
-from ..runner import HookCallFailed, PluginRunner
+from ..plugin_runner import HookCallFailed, PluginRunner
 from ..views import ContainerInfo, PodInfo
 from .mapping import (
     NotApplied,
@@ -63,8 +63,8 @@ from .mapping import (
     pod_response_not_applied,
     resources_update,
 )
-from .metrics import NriMetrics
 from .modes import DEFERRED, EVENT_NAMES, EVENT_POINTS, event_mask
+from .nri_metrics import NriMetrics
 from .oom import OomNotApplied, OomScores
 from .ordering import PodQueues
 from .repair import LIVE_STATES, SynchronizeUpdates, synchronize_updates

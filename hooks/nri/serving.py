@@ -9,9 +9,9 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from ..container_repair import ContainerRepair
-from ..runner import PluginRunner
+from ..plugin_runner import PluginRunner
 from ..views import ContainerInfo, PodInfo
-from .metrics import NriMetrics
+from .nri_metrics import NriMetrics
 from .plugin import NriPlugin, NriSettings
 from .service import NriHooks
 

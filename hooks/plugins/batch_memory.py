@@ -22,7 +22,7 @@ request) has no limit or a larger one: kubelet's tighter limit wins. So the reco
 limit someone raised and never raises one. Also:
 
 * a container limit below 6 MiB is raised to 6 MiB (runc's minimum, which the proxy enforces
-  for hook output: ``runtimeproxy.dispatch.limits``), with a note; the pod limit is the plain sum;
+  for hook output: ``runtimeproxy.hookapi.value_bounds``), with a note; the pod limit is the plain sum;
 * when kubelet's request has a swap limit (memory + swap) equal to its memory limit (no swap),
   the swap limit follows the new memory limit, so the container still cannot swap;
 * an annotation listing no containers changes nothing (Koordinator would write a pod limit of 0).
@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from runtimeproxy.dispatch.limits import MEMORY_LIMIT_MIN
+from runtimeproxy.hookapi.value_bounds import MEMORY_LIMIT_MIN
 
 from ..cgroups import CgroupFS, CgroupVersion
 from ..extended_resources import BATCH_MEMORY, EXTENDED_RESOURCE_SPEC_ANNOTATION, read_extended_resource_spec

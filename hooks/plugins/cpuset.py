@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from runtimeproxy.dispatch.limits import format_cpuset, parse_cpuset
+from runtimeproxy.hookapi.value_bounds import format_cpuset, parse_cpuset
 
 from ..cgroups import CgroupError, CgroupFS, CgroupVersion
 from ..convert import qos_of

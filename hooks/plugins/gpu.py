@@ -43,9 +43,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .. import go_json
+from .. import annotation_json
+from ..annotation_json import GoObject, json_kind, merged_map, struct_fields
 from ..extended_resources import quantity_at
-from ..go_json import GoObject, json_kind, merged_map, struct_fields
 from ..policy import builtin_defaults
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo
 from ..settings import boolean, parsed_by
@@ -168,7 +168,7 @@ def _device_list(key: str, value: object) -> tuple[int, ...]:
 
 
 def _decode(text: str) -> tuple[int, ...]:
-    data = go_json.loads(text)
+    data = annotation_json.loads(text)
     if data is None:
         return ()
     devices: dict[str, tuple[int, ...]] = {}

@@ -82,14 +82,7 @@ from ..kernel_files import read_bytes
 from ..pacing import paced
 from ..policy import builtin_defaults
 from ..qos import QoSClass
-from ..resctrl import (
-    ResctrlError,
-    ResctrlFS,
-    ResctrlInfo,
-    ResctrlTasksError,
-    parse_schemata,
-    schemata_lines,
-)
+from ..resctrl_fs import ResctrlError, ResctrlFS, ResctrlInfo, ResctrlTasksError, parse_schemata, schemata_lines
 from ..sdk import ContainerInfo, HookPoint, Plugin, PodInfo, qos_of
 from ..settings import integer, parsed_by, percent_range
 

@@ -1,9 +1,9 @@
 """Test helpers for runtime-hooks plugin authors: fake kernel interfaces that behave like the real
 ones, builders for what a handler gets, and a one-call plugin runner.
 
-* :mod:`runtimeproxy.hooks.testkit.cgroups` -- fake cgroup v1 / v2 trees
+* :mod:`runtimeproxy.hooks.testkit.fake_cgroups` -- fake cgroup v1 / v2 trees
   (:func:`make_fake_cgroup_v1`, :func:`make_fake_cgroup_v2`, :class:`FakeCgroup`).
-* :mod:`runtimeproxy.hooks.testkit.resctrl` -- a fake resctrl mount (:func:`make_fake_resctrl`).
+* :mod:`runtimeproxy.hooks.testkit.fake_resctrl` -- a fake resctrl mount (:func:`make_fake_resctrl`).
 * :mod:`runtimeproxy.hooks.testkit.builders` -- :func:`pod`, :func:`container` (PodInfo /
   ContainerInfo with defaults), :func:`pod_request`, :func:`container_request` (the hook
   requests the proxy sends), :func:`policy_from` (a policy from YAML text, read against the
@@ -15,7 +15,8 @@ ones, builders for what a handler gets, and a one-call plugin runner.
   subprocess drives a fake resctrl tree made by the test as it would the kernel.
 
 Everything listed in ``__all__`` can be imported from here. Nothing here imports pytest
-(except the fixtures module).
+(except the fixtures module). Follows the imports of runtimeproxy.hooks: importing the test kit
+loads nothing of the proxy (relay, hook layer, daemon).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from .builders import (
     policy_from,
     run_plugin,
 )
-from .cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
-from .resctrl import FakeKernelError, FakeResctrl, make_fake_resctrl
+from .fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from .fake_resctrl import FakeKernelError, FakeResctrl, make_fake_resctrl
 
 __all__ = [
     "DEFAULT_UID",

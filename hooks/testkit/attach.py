@@ -1,6 +1,6 @@
 """A fake resctrl tree made elsewhere (another process) driven by this process as by a kernel.
 
-:func:`~runtimeproxy.hooks.testkit.resctrl.make_fake_resctrl` builds a tree of files, but the
+:func:`~runtimeproxy.hooks.testkit.fake_resctrl.make_fake_resctrl` builds a tree of files, but the
 kernel behaviour behind it (mkdir populating a group, schemata writes validated and
 re-rendered, tasks moved) lives in the :class:`FakeResctrl` object of the process that made
 it. A test that starts ``runtime-hooks serve --resctrl-root TREE`` as a subprocess gives that
@@ -16,7 +16,7 @@ server starts::
 
     # the command:  python -c "import rtpx_fake_kernel; from runtimeproxy.hooks.cli import main; main()" serve ...
 
-From then on every :class:`~runtimeproxy.hooks.resctrl.ResctrlFS` of the process made without
+From then on every :class:`~runtimeproxy.hooks.resctrl_fs.ResctrlFS` of the process made without
 ``ops=`` (the server's, its plugins', the reconciler's) sends its mkdir, rmdir and writes under
 the tree to the fake, and everything else to the real kernel, as before. The test reads the
 files the fake renders, as one reads the kernel's.
@@ -31,9 +31,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .. import resctrl as resctrl_mod
-from ..resctrl import RESERVED_NAMES, KernelOps
-from .resctrl import FakeKernelError, FakeResctrl, _Group, kernel_schemata_write, make_fake_resctrl
+from .. import resctrl_fs as resctrl_mod
+from ..resctrl_fs import RESERVED_NAMES, KernelOps
+from .fake_resctrl import FakeKernelError, FakeResctrl, _Group, kernel_schemata_write, make_fake_resctrl
 
 __all__ = ["attach_fake_resctrl", "attached_fake_resctrl", "detach_fake_resctrl"]
 

@@ -25,19 +25,19 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.dispatch import resource_fields
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint, parse_hook_point
+from runtimeproxy.hookapi import resource_fields
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint, parse_hook_point
 
 from .. import policy as policy_mod
 from ..cgroups import CgroupDriver, CgroupFS, CgroupVersion, parent_path
 from ..definition import Plugin
 from ..discovery import settings_specs
+from ..plugin_runner import PluginRunner, RunResult
 from ..qos import KOORDINATOR_QOS_LABEL, QoSClass
-from ..resctrl import ResctrlFS
-from ..runner import PluginRunner, RunResult
+from ..resctrl_fs import ResctrlFS
 from ..views import ContainerInfo, PodInfo, Resources, ServerContext
-from .cgroups import FakeCgroup, KubeQoS, Runtime
-from .resctrl import FakeResctrl
+from .fake_cgroups import FakeCgroup, KubeQoS, Runtime
+from .fake_resctrl import FakeResctrl
 
 __all__ = [
     "DEFAULT_UID",

@@ -20,8 +20,8 @@ from typing import Final
 import pytest
 
 from ..cgroups import CgroupDriver
-from .cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
-from .resctrl import FakeResctrl, make_fake_resctrl
+from .fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from .fake_resctrl import FakeResctrl, make_fake_resctrl
 
 __all__ = ["FAKE_CGROUP_KINDS", "fake_cgroup", "fake_cgroup_v1", "fake_cgroup_v2", "fake_resctrl"]
 

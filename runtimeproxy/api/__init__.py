@@ -1,1 +1,4 @@
-"""CRI API protobuf definitions and their generated Python modules."""
+"""CRI API protobuf definitions and their generated Python modules.
+
+Imports nothing of runtimeproxy but itself.
+"""

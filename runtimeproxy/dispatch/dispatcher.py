@@ -22,7 +22,7 @@ UNIMPLEMENTED, which kubelet would read as the runtime lacking the CRI method); 
 the call goes on unchanged, and the failure is logged and counted. Post-hooks never fail a
 call (containerd has already carried it out).
 
-Hook servers are called over the proxy's own HTTP/2 client (runtimeproxy.h2client), one
+Hook servers are called over the proxy's own HTTP/2 client (runtimeproxy.wire.grpc_client), one
 connection per endpoint, on the event loop: the daemon never loads grpc (about 9 MiB and six
 threads), and a call wakes no other thread.
 """
@@ -39,14 +39,14 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
-from runtimeproxy.dispatch.limits import cut
-from runtimeproxy.dispatch.protocol import InvalidHookOutput
+from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
+from runtimeproxy.common.metrics_export import CallCollector, CallFamilies
 from runtimeproxy.dispatch.registry import FailurePolicy, HookRegistry, HookServer
-from runtimeproxy.h2client import H2Channel, NotGrpcAnswer, RpcError
-from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
-from runtimeproxy.metrics import CallCollector, CallFamilies
-from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.hookapi.cri_mapping import InvalidHookOutput
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
+from runtimeproxy.hookapi.value_bounds import cut
+from runtimeproxy.wire.grpc_client import H2Channel, NotGrpcAnswer, RpcError
+from runtimeproxy.wire.grpc_framing import StatusCode
 
 log = structlog.get_logger("runtimeproxy.hooks")
 
@@ -116,7 +116,7 @@ def _outcome(outcome: str) -> str:
 
 class HookMetrics:
     """Hook calls by server, hook point and outcome, and their round trips: recorded for every
-    hook call on the event loop, so a lock-free collector (runtimeproxy.metrics.CallCollector)."""
+    hook call on the event loop, so a lock-free collector (runtimeproxy.common.metrics_export.CallCollector)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         reg = REGISTRY if registry is None else registry

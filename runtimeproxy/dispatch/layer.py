@@ -6,21 +6,15 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.dispatch.dispatcher import Dispatcher, HookMetrics
-from runtimeproxy.dispatch.interceptor import DEFAULT_SKIP_LABEL, HookInterceptor
-from runtimeproxy.dispatch.merge import CgroupDriver
-from runtimeproxy.dispatch.protocol import OutputRules
+from runtimeproxy.dispatch.hook_interceptor import DEFAULT_SKIP_LABEL, HookInterceptor
 from runtimeproxy.dispatch.registry import HookRegistry
-from runtimeproxy.dispatch.store import PodStore, RuntimeLoader, StoreRebuilder
-from runtimeproxy.limits import DEFAULT_MAX_MESSAGE_SIZE
-from runtimeproxy.metrics import StoreMetrics
-
-#: kubelet's pod cgroups: cgroupfs driver, systemd driver. runtime-hooks uses the same default.
-DEFAULT_CGROUP_ROOTS = ("/kubepods", "kubepods.slice")
-#: How often the hook config directory is polled when inotify cannot watch it (and, times
-#: dirwatch.SAFETY_NET_FACTOR, when it can); a hook server that unregisters keeps serving a
-#: few of these (runtime-hooks --deregister-grace) so the proxy notices first either way.
-DEFAULT_POLL_INTERVAL = 0.2
+from runtimeproxy.dispatch.store import PodStore, StoreMetrics, StoreRebuilder
+from runtimeproxy.hookapi.cri_mapping import OutputRules
+from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS, DEFAULT_POLL_INTERVAL
+from runtimeproxy.hookapi.merge_rules import CgroupDriver
+from runtimeproxy.runtime_state import RuntimeLoader
 
 
 @dataclass(frozen=True)
@@ -30,7 +24,7 @@ class HookSettings:
     skip_label: str = DEFAULT_SKIP_LABEL
     skip_value: str = "true"
     cgroup_roots: tuple[str, ...] = DEFAULT_CGROUP_ROOTS
-    cgroup_driver: CgroupDriver = "auto"  # auto: the form kubelet used for each pod (merge.py)
+    cgroup_driver: CgroupDriver = "auto"  # auto: the form kubelet used for each pod (hookapi/merge_rules.py)
     poll_interval: float = DEFAULT_POLL_INTERVAL
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # the relay's, for hook calls too
 

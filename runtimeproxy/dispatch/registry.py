@@ -38,7 +38,7 @@ The directory is rescanned when inotify says something in it changed, and every
 `SAFETY_NET_FACTOR` poll intervals (2 s by default) besides. Without a watch (inotify
 unavailable or out of watches, no directory yet, the directory removed or moved) it is polled
 every poll interval, as before inotify, and watched again as soon as that works
-(`runtimeproxy.dirwatch.DirectoryChanges`).
+(`runtimeproxy.common.dirwatch.DirectoryChanges`).
 """
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ from typing import Any
 
 import structlog
 
-from runtimeproxy.dirwatch import SAFETY_NET_FACTOR, DirectoryChanges
-from runtimeproxy.dispatch.hookpoints import HookPoint, parse_hook_point
+from runtimeproxy.common.dirwatch import SAFETY_NET_FACTOR, DirectoryChanges
+from runtimeproxy.hookapi.defaults import MAX_TIMEOUT
+from runtimeproxy.hookapi.hookpoints import HookPoint, parse_hook_point
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "MAX_CONFIG_BYTES",
-    "MAX_TIMEOUT",
     "SAFETY_NET_FACTOR",
     "ConfigError",
     "FailurePolicy",
@@ -76,7 +76,6 @@ __all__ = [
 log = structlog.get_logger("runtimeproxy.hooks.registry")
 
 DEFAULT_TIMEOUT = 2.0
-MAX_TIMEOUT = 120.0
 _KNOWN_KEYS = frozenset({"remote-endpoint", "failure-policy", "runtime-hooks", "timeout", "index"})
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107

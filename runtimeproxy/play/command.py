@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 if TYPE_CHECKING:  # the kubernetes client is slow to import: only when play runs
-    from runtimeproxy.play.kubelet import CgroupDriver, PodPlan
-    from runtimeproxy.play.manifest import ManifestError
+    from runtimeproxy.kubelet_model.manifest import ManifestError
+    from runtimeproxy.kubelet_model.pod_plan import CgroupDriver, PodPlan
     from runtimeproxy.play.runner import PlayError
 
 __all__ = ["DEFAULT_ENDPOINT", "DEFAULT_LOG_DIR", "play_command"]
@@ -141,9 +141,9 @@ def play_command(
     container, with the cgroup parent, resources, labels and annotations
     kubelet would compute. Images must be on the node unless --pull is given.
     """
-    from runtimeproxy.cri_client import CriClient
-    from runtimeproxy.play.kubelet import build_plan
-    from runtimeproxy.play.manifest import ManifestError, load_pod
+    from runtimeproxy.kubelet_model.manifest import ManifestError, load_pod
+    from runtimeproxy.kubelet_model.pod_plan import build_plan
+    from runtimeproxy.play.cri_client import CriClient
     from runtimeproxy.play.runner import PlayError, delete, play
 
     as_json = output == "json"
@@ -249,7 +249,7 @@ def _unavailable_hint(exc: PlayError, endpoint: str) -> str:
     failures: then the details come from the server, e.g. the proxy naming a backend it lost)."""
     import grpc
 
-    from runtimeproxy.cri_client import unix_socket_served
+    from runtimeproxy.play.cri_client import unix_socket_served
 
     if exc.code is not grpc.StatusCode.UNAVAILABLE or unix_socket_served(endpoint) is not False:
         return ""

@@ -1,4 +1,4 @@
-"""Send a :class:`~runtimeproxy.play.kubelet.PodPlan` to a CRI runtime.
+"""Send a :class:`~runtimeproxy.kubelet_model.pod_plan.PodPlan` to a CRI runtime.
 
 :func:`play` does what kubelet does to start a Pod: make sure the images are
 there, create the pod log directory, RunPodSandbox, then CreateContainer and
@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
-from runtimeproxy.cri_client import CriClient
-from runtimeproxy.play.kubelet import POD_UID_LABEL, ContainerPlan, PodPlan
+from runtimeproxy.kubelet_model.pod_plan import POD_UID_LABEL, ContainerPlan, PodPlan
+from runtimeproxy.play.cri_client import CriClient
 
 __all__ = [
     "ContainerResult",

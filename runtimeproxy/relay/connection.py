@@ -14,7 +14,7 @@ follow the HPACK state), and steps in for just five things:
   side itself and forwards neither PINGs nor their ACKs (it sends no PING of its own), so
   containerd's BDP pings after each request cost no round trip through the client;
 * connection ends and graceful shutdown (GOAWAY);
-* a peer over one of the limits every HTTP/2 peer is held to (relay.peer_limits: PING,
+* a peer over one of the limits every HTTP/2 peer is held to (wire.peer_limits: PING,
   SETTINGS, RST_STREAM, empty and CONTINUATION frames, header block sizes): GOAWAY
   ENHANCE_YOUR_CALM to it and both connections closed; when it is the backend, the client's
   calls in flight end with UNAVAILABLE first, naming the cause.
@@ -62,13 +62,14 @@ from typing import Any, NamedTuple
 import hpack
 import structlog
 
-from runtimeproxy import trace
-from runtimeproxy.relay import frames, grpc_wire
-from runtimeproxy.relay.grpc_wire import MessageSizer, status_frame
-from runtimeproxy.relay.hpack_cache import CachingDecoder, HeaderList
-from runtimeproxy.relay.interceptor import CallContext, CallInterceptor, CallOutcome, RejectCall
+from runtimeproxy.common import trace
+from runtimeproxy.relay.call_interceptor import CallContext, CallInterceptor, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo, MethodTable
-from runtimeproxy.relay.peer_limits import (
+from runtimeproxy.relay.streams import HeldStream, Stream
+from runtimeproxy.wire import frames, grpc_framing
+from runtimeproxy.wire.grpc_framing import MessageSizer, status_frame
+from runtimeproxy.wire.hpack_cache import CachingDecoder, HeaderList
+from runtimeproxy.wire.peer_limits import (
     CLOSE_GRACE,
     CRI_CLIENT,
     DEFAULT_LIMITS,
@@ -80,7 +81,6 @@ from runtimeproxy.relay.peer_limits import (
     header_block_over,
     peer_pid,
 )
-from runtimeproxy.relay.streams import HeldStream, Stream
 
 log = structlog.get_logger("runtimeproxy.relay")
 
@@ -123,13 +123,13 @@ BDP_ANSWER_DELAY = 1.0
 # not taken along by the next write (see _Direction.park).
 BDP_ANSWERS_ONLY = float("inf")
 _BDP_PING = bytes((2, 4, 16, 16, 9, 14, 7, 7))  # grpc-go's bdpPing payload (bdp_estimator.go)
-_RST_CODES = {frames.REFUSED_STREAM: grpc_wire.UNAVAILABLE, frames.CANCEL: grpc_wire.CANCELLED}
+_RST_CODES = {frames.REFUSED_STREAM: grpc_framing.UNAVAILABLE, frames.CANCEL: grpc_framing.CANCELLED}
 # Flags tested on every frame of their kind, as plain globals (no module attribute lookups).
 _PADDED_OR_PRIORITY = frames.FLAG_PADDED | frames.FLAG_PRIORITY
 _END_HEADERS = frames.FLAG_END_HEADERS
 _PADDED = frames.FLAG_PADDED
-_PREFIX_LEN = grpc_wire.PREFIX_LEN
-_message_length = grpc_wire.MESSAGE_PREFIX.unpack_from
+_PREFIX_LEN = grpc_framing.PREFIX_LEN
+_message_length = grpc_framing.MESSAGE_PREFIX.unpack_from
 
 
 class Backends:
@@ -168,7 +168,7 @@ class RelayOptions:
         peer_limits: LimitSettings = DEFAULT_LIMITS,
     ) -> None:
         self.backends = backends
-        self.peer_limits = peer_limits  # what either peer may send (relay.peer_limits)
+        self.peer_limits = peer_limits  # what either peer may send (wire.peer_limits)
         self.methods = methods
         self.interceptor = interceptor
         self.observer = observer
@@ -476,7 +476,7 @@ class RelayConnection:
             self.u2c.write(frames.goaway(self.last_client_stream))  # after any parked credit
         self.closing = True
         self._drop_parked()
-        code = grpc_wire.CANCELLED if is_client else grpc_wire.UNAVAILABLE
+        code = grpc_framing.CANCELLED if is_client else grpc_framing.UNAVAILABLE
         for stream in list(self.streams.values()):
             self._finish(stream, code, "connection closed")
         for task in list(self.tasks):
@@ -620,7 +620,7 @@ class RelayConnection:
             self._route_by_first_call()
 
     def _over_limit(self, d: _Direction, exc: PeerOverLimit) -> None:
-        """The peer whose frames ``d`` reads went over a limit (relay.peer_limits): one log line
+        """The peer whose frames ``d`` reads went over a limit (wire.peer_limits): one log line
         and the metric, GOAWAY ENHANCE_YOUR_CALM to it, both connections closed (aborted after
         CLOSE_GRACE if they do not drain). What the read relayed before the frame that broke the
         limit goes out first; when the backend broke it, the client's calls in flight end with
@@ -645,7 +645,7 @@ class RelayConnection:
             c2u.write(frames.goaway(0, frames.ENHANCE_YOUR_CALM, debug))
             message = f"the runtime's HTTP/2 connection went over the proxy's limits and was closed: {exc}"
             for stream in list(self.streams.values()):
-                self._end_by_relay(stream, grpc_wire.UNAVAILABLE, message)
+                self._end_by_relay(stream, grpc_framing.UNAVAILABLE, message)
             u2c.write(frames.goaway(self.last_client_stream))
         for side in (self.client_transport, self.upstream_transport):
             if side is not None:
@@ -772,7 +772,7 @@ class RelayConnection:
         too_big = _oversized(stream, False, flags, data, start, end)
         if too_big is not None:
             self.client_credit += length
-            self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
+            self._end_by_relay(stream, grpc_framing.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
             return b""
         self.up_conn_window -= length
         return None
@@ -783,7 +783,7 @@ class RelayConnection:
         if isinstance(stream, HeldStream) and stream.before_task is None and flags & frames.FLAG_END_STREAM:
             # No message for the hooks (headers only), or request trailers, which gRPC does not
             # use: the backend would run the call without the hooks having seen a request.
-            self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, "a unary request must carry exactly one message")
+            self._end_by_relay(stream, grpc_framing.INVALID_ARGUMENT, "a unary request must carry exactly one message")
 
     def _open_stream(self, sid: int, headers: HeaderList) -> Stream:
         self.last_client_stream = sid
@@ -804,7 +804,7 @@ class RelayConnection:
             stream = Stream(sid, method, time.perf_counter(), self.options.max_message_size)
         self.streams[sid] = stream
         if self.split_backends and self._misrouted(method):
-            self._end_by_relay(stream, grpc_wire.UNIMPLEMENTED, self._misroute_reason(method))
+            self._end_by_relay(stream, grpc_framing.UNIMPLEMENTED, self._misroute_reason(method))
         return stream
 
     def _open_held(self, sid: int, method: MethodInfo, held: _HeldHeaders) -> HeldStream:
@@ -833,7 +833,7 @@ class RelayConnection:
         if stream is not None:
             if isinstance(stream, HeldStream) and stream.before_task is not None:
                 stream.before_task.cancel()
-            self._finish(stream, grpc_wire.CANCELLED, "cancelled by the client")
+            self._finish(stream, grpc_framing.CANCELLED, "cancelled by the client")
         return b"" if sid in self.ended_by_relay else None
 
     # -- intercepted requests --------------------------------------------------------------
@@ -844,12 +844,12 @@ class RelayConnection:
             # DATA after END_STREAM: forwarding it could hand the backend a request the hooks
             # never saw, so the call ends here.
             self.client_credit += length
-            self._end_by_relay(stream, grpc_wire.INVALID_ARGUMENT, "DATA after the end of the request")
+            self._end_by_relay(stream, grpc_framing.INVALID_ARGUMENT, "DATA after the end of the request")
             return b""
         too_big = _oversized(stream, False, flags, data, start, end)
         if too_big is not None:
             self.client_credit += length
-            self._end_by_relay(stream, grpc_wire.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
+            self._end_by_relay(stream, grpc_framing.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
             return b""
         lo, hi = frames.data_bounds(flags, data, start, end)
         if not self._hold(stream, hi - lo):
@@ -877,7 +877,7 @@ class RelayConnection:
         log.warning("held-request budget exhausted; call refused", method=stream.method.path, held=used, budget=budget)
         self._end_by_relay(
             stream,
-            grpc_wire.RESOURCE_EXHAUSTED,
+            grpc_framing.RESOURCE_EXHAUSTED,
             f"the proxy already holds {used} bytes of requests for its hooks, and this one would "
             f"exceed its budget of {budget} bytes (--held-request-budget); try again",
         )
@@ -893,10 +893,10 @@ class RelayConnection:
         try:
             request = self._held_message(stream)
             request = await self.options.interceptor.before(stream.call, request)
-        except grpc_wire.BadRequest as bad:
+        except grpc_framing.BadRequest as bad:
             # The hooks could not see such a request, so it must not reach the runtime past them.
             log.warning("request refused", method=stream.method.path, reason=str(bad))
-            self._refuse_open(stream, grpc_wire.INVALID_ARGUMENT, f"{stream.method.path}: {bad}")
+            self._refuse_open(stream, grpc_framing.INVALID_ARGUMENT, f"{stream.method.path}: {bad}")
             return
         except RejectCall as reject:
             self._refuse_open(stream, reject.code, reject.message)
@@ -906,14 +906,14 @@ class RelayConnection:
             # this code) is a bug in that very code, so nothing can say the call may pass
             # unhooked: refuse it.
             log.exception("interceptor failed; call refused", method=stream.method.path)
-            self._refuse_open(stream, grpc_wire.INTERNAL, f"proxy hook layer failed: {type(exc).__name__}: {exc}")
+            self._refuse_open(stream, grpc_framing.INTERNAL, f"proxy hook layer failed: {type(exc).__name__}: {exc}")
             return
         if stream.id in self.streams:
             stream.request = request
             stream.after_due = True
             if trace.ON:
                 trace.event("proxy.sent", call=stream.call.serial)
-            self._send_request(stream, grpc_wire.encode_message(request))
+            self._send_request(stream, grpc_framing.encode_message(request))
 
     def _held_message(self, stream: HeldStream) -> bytes:
         """The held request's one message (BadRequest if it is not one). The held copy goes at
@@ -921,7 +921,7 @@ class RelayConnection:
         assert stream.call is not None
         received = bytes(stream.held_request)
         stream.held_request.clear()
-        return grpc_wire.single_request(received, stream.call.encoding, self.options.max_message_size)
+        return grpc_framing.single_request(received, stream.call.encoding, self.options.max_message_size)
 
     def _refuse_open(self, stream: Stream, code: int, message: str) -> None:
         if stream.id in self.streams:  # not ended meanwhile (by the client, or the connection)
@@ -984,7 +984,7 @@ class RelayConnection:
         d.limits.reset()
         stream = self.streams.get(sid)
         if stream is not None:
-            code = _RST_CODES.get(int.from_bytes(data[start:end], "big"), grpc_wire.INTERNAL)
+            code = _RST_CODES.get(int.from_bytes(data[start:end], "big"), grpc_framing.INTERNAL)
             self._finish(stream, code, "reset by the runtime")
         return b"" if sid in self.ended_by_relay else None
 
@@ -1013,8 +1013,8 @@ class RelayConnection:
             self.upstream_credit += end - start
             trailers_only = not stream.response_headers_seen
             message = _too_large("response", too_big, stream)
-            self._end_stream(stream, grpc_wire.RESOURCE_EXHAUSTED, message)
-            return status_frame(sid, grpc_wire.RESOURCE_EXHAUSTED, message, trailers_only)
+            self._end_stream(stream, grpc_framing.RESOURCE_EXHAUSTED, message)
+            return status_frame(sid, grpc_framing.RESOURCE_EXHAUSTED, message, trailers_only)
         if isinstance(stream, HeldStream):
             lo, hi = frames.data_bounds(flags, data, start, end)
             stream.response_body += data[lo:hi]
@@ -1079,7 +1079,7 @@ class RelayConnection:
         assert stream.call is not None
         response = None
         if stream.response_body:
-            messages = grpc_wire.split_messages(bytes(stream.response_body))
+            messages = grpc_framing.split_messages(bytes(stream.response_body))
             if messages and not messages[0].compressed:
                 response = messages[0].body
         outcome = CallOutcome(code=code, message=message, response=response)
@@ -1210,7 +1210,7 @@ class _HeldHeaders(NamedTuple):
         timeout = fields.get("grpc-timeout")
         return cls(
             tuple((name, value) for name, value in headers if not name.startswith(":")),
-            grpc_wire.parse_timeout(timeout) if timeout else None,
+            grpc_framing.parse_timeout(timeout) if timeout else None,
             fields.get("grpc-encoding", "identity"),
         )
 
@@ -1274,9 +1274,9 @@ def _call_status(trailers: HeaderList) -> tuple[int, str]:
     """The gRPC status code and message a call's trailers carry."""
     fields = dict(trailers)  # a repeated field: the last one counts
     status = fields.get("grpc-status")
-    code = grpc_wire.UNKNOWN if status is None else grpc_wire.parse_status(status)
+    code = grpc_framing.UNKNOWN if status is None else grpc_framing.parse_status(status)
     message = fields.get("grpc-message")
-    return code, grpc_wire.decode_grpc_message(message) if message else ""
+    return code, grpc_framing.decode_grpc_message(message) if message else ""
 
 
 def _too_large(what: str, size: int, stream: Stream) -> str:
@@ -1349,7 +1349,9 @@ class _BackendDown:
             # GOAWAY first, so the client opens no further call on this connection before
             # it sees the statuses; its next call reconnects and the backend is tried again.
             out = [frames.goaway(max(self.answered))]
-            out += [status_frame(sid, grpc_wire.UNAVAILABLE, self.reason, trailers_only=True) for sid in self.answered]
+            out += [
+                status_frame(sid, grpc_framing.UNAVAILABLE, self.reason, trailers_only=True) for sid in self.answered
+            ]
             self.conn.u2c.write(b"".join(out))
             self.conn.closing = True
             if self.conn.client_transport is not None:
@@ -1379,4 +1381,4 @@ class _BackendDown:
             headers = HeaderList()
         path = next((value for name, value in headers if name == ":path"), "")
         method = self.conn.options.methods.lookup(path)
-        self.conn.options.observer(method, grpc_wire.UNAVAILABLE, self.reason, 0.0, False)
+        self.conn.options.observer(method, grpc_framing.UNAVAILABLE, self.reason, 0.0, False)

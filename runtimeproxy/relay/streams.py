@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from runtimeproxy.relay.grpc_wire import MessageSizer
-from runtimeproxy.relay.interceptor import CallContext
+from runtimeproxy.relay.call_interceptor import CallContext
 from runtimeproxy.relay.methods import MethodInfo
+from runtimeproxy.wire.grpc_framing import MessageSizer
 
 
 class Stream:

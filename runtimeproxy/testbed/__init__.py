@@ -2,6 +2,9 @@
 
 It ships with the package because ``runtime-proxy demo`` runs the same private
 containerd that the end-to-end tests use.
+
+May import the standard library, third-party libraries, runtimeproxy.api, common,
+kubelet_model and play; never the daemons' own parts (relay, dispatch, proxy, runtime-hooks).
 """
 
 from .containerd import Containerd, ContainerdError

@@ -130,7 +130,7 @@ class Scenario:
     def cri_version(self, timeout: float = 10.0) -> dict[str, Any]:
         """One CRI Version call through the proxy's socket, no retries."""
         from runtimeproxy.api.runtime.v1 import api_pb2
-        from runtimeproxy.cri_client import CriClient
+        from runtimeproxy.play.cri_client import CriClient
 
         began = time.monotonic()
         try:
@@ -193,10 +193,10 @@ class Scenario:
         """`runtime-proxy play` (or `--delete`) of one manifest through the proxy, in this
         process: a new Python per pod would cost seconds of emulated CPU each. `between` is
         called with each progress line, right after the step it reports."""
-        from runtimeproxy.cri_client import CriClient
+        from runtimeproxy.kubelet_model.manifest import load_pod
+        from runtimeproxy.kubelet_model.pod_plan import build_plan
         from runtimeproxy.play import runner
-        from runtimeproxy.play.kubelet import build_plan
-        from runtimeproxy.play.manifest import load_pod
+        from runtimeproxy.play.cri_client import CriClient
 
         plan = build_plan(load_pod(manifest), log_dir_base="/var/log/pods", cgroup_driver="systemd")
         said: list[str] = []

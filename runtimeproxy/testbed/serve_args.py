@@ -12,7 +12,7 @@ def proxy_serve_args(endpoint: Path, backend: str, hook_dir: Path, *options: str
     """``runtime-proxy serve`` on the unix socket ``endpoint`` in front of ``backend`` (an
     address), with the hook servers registered in ``hook_dir``; then ``options``."""
     return [
-        *console_command("runtime-proxy", "runtimeproxy.cli"),
+        *console_command("runtime-proxy", "runtimeproxy.proxy.cli"),
         "serve",
         "--endpoint",
         f"unix://{endpoint}",

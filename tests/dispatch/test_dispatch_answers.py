@@ -28,9 +28,9 @@ from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.dispatch.dispatcher import Dispatcher, HookFailed, HookMetrics, HookOutcome
-from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.registry import HookRegistry
-from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.hookapi.hookpoints import HookPoint
+from runtimeproxy.wire.grpc_framing import StatusCode
 
 PRE, POST = HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.POST_STOP_POD_SANDBOX
 REQUEST = hook.PodSandboxHookRequest(pod_meta=hook.PodSandboxMetadata(name="web", uid="u1")).SerializeToString()

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from runtimeproxy.dispatch.dispatcher import HookMetrics, HookOutcome
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 
 def test_each_call_counts_under_its_server_hook_and_outcome() -> None:

@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.registry import (
     DEFAULT_TIMEOUT,
     MAX_CONFIG_BYTES,
@@ -30,6 +29,7 @@ from runtimeproxy.dispatch.registry import (
     parse_config,
     parse_duration,
 )
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 SOCK = "/var/run/koordlet/koordlet.sock"
 

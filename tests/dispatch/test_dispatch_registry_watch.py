@@ -15,8 +15,8 @@ import pytest
 from inotify_faults import fail_inotify, not_watched_errors
 from structlog.testing import capture_logs
 
-from runtimeproxy import dirwatch
-from runtimeproxy.dirwatch import DirWatch
+from runtimeproxy.common import dirwatch
+from runtimeproxy.common.dirwatch import DirWatch
 from runtimeproxy.dispatch.registry import HookRegistry, HookServer
 
 SOCK = "/var/run/koordlet/koordlet.sock"

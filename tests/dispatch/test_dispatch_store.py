@@ -19,14 +19,13 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
-from runtimeproxy.dispatch.store import (
+from runtimeproxy.dispatch.store import PodStore, StoreRebuilder
+from runtimeproxy.play.cri_client import CriClient
+from runtimeproxy.runtime_state import (
     ContainerEntry,
     LoadResult,
-    PodStore,
     RuntimeLoader,
     SandboxEntry,
-    StoreRebuilder,
     container_from_request,
     container_from_status,
     current_resources,

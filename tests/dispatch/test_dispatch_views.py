@@ -1,4 +1,4 @@
-"""dispatch/interceptor.py: Start/Stop calls read the store's own configs (no copy) and must
+"""dispatch/hook_interceptor.py: Start/Stop calls read the store's own configs (no copy) and must
 never write into them; one hook request serves the pre- and post-hooks while the views stay."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from prometheus_client import CollectorRegistry
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.dispatch.dispatcher import Dispatcher, HookMetrics
-from runtimeproxy.dispatch.hookpoints import HookPoint
-from runtimeproxy.dispatch.interceptor import HookInterceptor
+from runtimeproxy.dispatch.hook_interceptor import HookInterceptor
 from runtimeproxy.dispatch.registry import FailurePolicy, HookServer
 from runtimeproxy.dispatch.store import PodStore
-from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
+from runtimeproxy.hookapi.hookpoints import HookPoint
+from runtimeproxy.relay.call_interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodTable
 
 METHODS = MethodTable()

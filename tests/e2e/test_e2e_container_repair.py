@@ -18,7 +18,7 @@ from daemons import eventually
 from hooks_node import BE_BATCH, BE_VALUES, Node, be_values, policy_text, run_be_pod
 from pods import CALL_TIMEOUT, Pod, cgroup_dir
 
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e

@@ -39,7 +39,7 @@ from hook_servers import TestHookServer
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as pb_grpc
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from runtimeproxy.hooks.plugins.gpu import DEVICE_ALLOCATED_ANNOTATION
 from runtimeproxy.hooks.podview import RESOURCE_STATUS_ANNOTATION
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e

@@ -46,13 +46,13 @@ from hook_servers import (
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as cri_grpc
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
 P = HookPoint
-DAEMON = [sys.executable, "-c", "from runtimeproxy.cli import main; main()"]
+DAEMON = [sys.executable, "-c", "from runtimeproxy.proxy.cli import main; main()"]
 SKIP_LABEL = "runtimeproxy.koordinator.sh/skip-hookserver"
 
 

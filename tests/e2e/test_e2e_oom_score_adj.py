@@ -22,7 +22,7 @@ from hooks_node import Node
 from pods import CALL_TIMEOUT, QOS_LABEL, ContainerSpec, threads
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e

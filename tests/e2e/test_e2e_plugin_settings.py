@@ -21,7 +21,7 @@ import pytest
 from daemons import HOOKS_CLI, Daemon, ProxyAndHooks
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e

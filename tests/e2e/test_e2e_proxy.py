@@ -32,14 +32,14 @@ from daemons import Daemon
 from google.protobuf.message import Message
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
 T = TypeVar("T")
 
-DAEMON = [sys.executable, "-c", "from runtimeproxy.cli import main; main()"]
+DAEMON = [sys.executable, "-c", "from runtimeproxy.proxy.cli import main; main()"]
 REPO = Path(__file__).resolve().parents[2]
 PODS = REPO / "tests" / "data" / "pods"
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")

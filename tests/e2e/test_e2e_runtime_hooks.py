@@ -35,7 +35,7 @@ from pods import CALL_TIMEOUT, CGROUP, MiB, cgroup_dir, has, read_int, threads
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e

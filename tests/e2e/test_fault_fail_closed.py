@@ -25,9 +25,9 @@ from hook_servers import NOT_GRPC_ANSWERS, Custom, HttpHookServer, Respond, not_
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
-from runtimeproxy.dispatch.hookpoints import HookPoint
-from runtimeproxy.relay import grpc_wire
-from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.hookapi.hookpoints import HookPoint
+from runtimeproxy.wire import grpc_framing
+from runtimeproxy.wire.grpc_framing import StatusCode
 
 pytestmark = pytest.mark.e2e
 
@@ -209,7 +209,7 @@ async def test_two_messages_on_one_unary_call_are_refused(bed: HookBed) -> None:
     message = cri.RunPodSandboxRequest(config=pod).SerializeToString()
     client = await RawH2Client().connect(bed.endpoint)
     try:
-        body = grpc_wire.encode_message(message) * 2
+        body = grpc_framing.encode_message(message) * 2
         answer = await client.call(RUN_POD_PATH, body, framed=True, timeout=CALL_TIMEOUT)
         assert answer.status == INVALID_ARGUMENT
         assert "exactly one message, got 2" in urllib.parse.unquote(answer.header("grpc-message") or "")

@@ -31,11 +31,11 @@ from test_fault_fail_closed import GarbageHookServer
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.layer import HookLayer, HookSettings
-from runtimeproxy.relay import grpc_wire
-from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
+from runtimeproxy.hookapi.hookpoints import HookPoint
+from runtimeproxy.relay.call_interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodTable
+from runtimeproxy.wire import grpc_framing
 
 POD_UID = "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0"
 POD_PARENT = f"/kubepods/burstable/pod{POD_UID}"
@@ -184,10 +184,10 @@ async def one_call(bed: Bed, answer: bytes) -> None:
             sent = await bed.layer.interceptor.before(call, request)
         except RejectCall as refused:
             assert bed.policy == "Fail", f"Ignore refused a call: {refused.message}"
-            assert refused.code != grpc_wire.OK and refused.message
+            assert refused.code != grpc_framing.OK and refused.message
             assert [entry for entry in logs if entry["event"] == "lifecycle call"]  # logged
             return
-        await bed.layer.interceptor.after(call, sent, CallOutcome(grpc_wire.OK, "", None))
+        await bed.layer.interceptor.after(call, sent, CallOutcome(grpc_framing.OK, "", None))
     accepted = bed.outcomes("ok") > accepted_before
     lines = [entry for entry in logs if entry["event"] == "lifecycle call"]
     assert len(lines) == 1, "a call sent on must have its lifecycle log line"

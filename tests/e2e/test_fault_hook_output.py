@@ -25,8 +25,8 @@ from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.dispatch.hookpoints import HookPoint
-from runtimeproxy.dispatch.limits import NodeFacts, format_cpuset
+from runtimeproxy.hookapi.hookpoints import HookPoint
+from runtimeproxy.hookapi.value_bounds import NodeFacts, format_cpuset
 
 pytestmark = pytest.mark.e2e
 

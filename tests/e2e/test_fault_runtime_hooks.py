@@ -29,7 +29,7 @@ from daemons import HOOKS_CLI, Daemon, ProxyAndHooks, eventually
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e

@@ -49,10 +49,11 @@ from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc
-from runtimeproxy.cri_client import CriClient
-from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.registry import MAX_CONFIG_BYTES
-from runtimeproxy.dispatch.store import PodStore, RuntimeLoader, StoreRebuilder, UnreadableObjectError
+from runtimeproxy.dispatch.store import PodStore, StoreRebuilder
+from runtimeproxy.hookapi.hookpoints import HookPoint
+from runtimeproxy.play.cri_client import CriClient
+from runtimeproxy.runtime_state import RuntimeLoader, UnreadableObjectError
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.containerd import encode_field
 

@@ -26,12 +26,12 @@ from hook_servers import write_registration
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
-from runtimeproxy.h2client import H2Channel, RpcError
-from runtimeproxy.relay import frames
-from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.daemons import free_port
+from runtimeproxy.wire import frames
+from runtimeproxy.wire.grpc_client import H2Channel, RpcError
+from runtimeproxy.wire.grpc_framing import StatusCode
 
 pytestmark = pytest.mark.e2e
 

@@ -52,7 +52,7 @@ from hooks_node import (
 from pods import CALL_TIMEOUT, QOS_LABEL, ContainerSpec, Pod, cgroup_dir, read, read_int, threads
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.containerd_series("1.7")]

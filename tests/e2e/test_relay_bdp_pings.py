@@ -17,9 +17,9 @@ import hpack
 from fake_runtime import ProxyUnderTest, grpc_request_headers, short_tempdir, sock
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.relay import frames
-from runtimeproxy.relay.grpc_wire import encode_message
 from runtimeproxy.testbed import Containerd
+from runtimeproxy.wire import frames
+from runtimeproxy.wire.grpc_framing import encode_message
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 CALLS = 10

@@ -29,7 +29,7 @@ from daemons import Daemon, ProxyAndHooks
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion, shares_to_weight, weight_to_shares
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""Node-side cgroup access (hooks/cgroups.py) against the fake kernel trees (hooks/testkit/cgroups.py):
+"""Node-side cgroup access (hooks/cgroups.py) against the fake kernel trees (hooks/testkit/fake_cgroups.py):
 version detection, pod and container paths for both drivers, per-version files, and path safety."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from runtimeproxy.hooks.cgroups import (
     shares_to_weight,
     weight_to_shares,
 )
-from runtimeproxy.hooks.testkit.cgroups import (
+from runtimeproxy.hooks.testkit.fake_cgroups import (
     V1_HIERARCHIES,
     V1_UNLIMITED,
     FakeCgroup,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupPathError, _joined, _split
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 
 UID = "5a4b3c2d-1e0f-4a9b-8c7d-6e5f4a3b2c1d"
 

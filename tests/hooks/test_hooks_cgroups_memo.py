@@ -14,7 +14,7 @@ from fake_trees import TREES, fake_tree, tree_id
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from runtimeproxy.hooks.cgroups import CgroupVersion, PodRoots
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup
 
 CID = "c" * 64
 

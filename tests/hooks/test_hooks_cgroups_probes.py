@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from runtimeproxy.hooks import cgroups as cgroups_module
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupPathError, CgroupUnsupported, CgroupVersion, CgroupWrite
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 
 UID = "0f1e2d3c-4b5a-4697-8a8b-9c0d1e2f3a4b"
 WMARK = "memory.wmark_ratio"  # an Alibaba Cloud Linux file: absent from the fake trees

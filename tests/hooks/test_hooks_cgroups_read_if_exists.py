@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from runtimeproxy.hooks import cgroups as cgroups_module
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupUnsupported, CgroupVersion
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 
 UID = "6d2f0c1e-3b4a-4c5d-8e9f-a0b1c2d3e4f5"
 

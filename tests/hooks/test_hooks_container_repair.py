@@ -26,7 +26,7 @@ from runtimeproxy.hooks.reconciler import LivePods, Reconciler
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PluginRunner, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit.builders import container as make_container
 from runtimeproxy.hooks.testkit.builders import pod as make_pod
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup
 from runtimeproxy.hooks.views import Resources
 from structlog.testing import capture_logs
 

@@ -18,7 +18,7 @@ from runtimeproxy.hooks.testkit.builders import container, container_request, po
 from runtimeproxy.hooks.views import HugepageLimit, Resources
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.dispatch import resource_fields
+from runtimeproxy.hookapi import resource_fields
 
 texts = st.text(max_size=12)
 maps = st.dictionaries(texts, texts, max_size=6)

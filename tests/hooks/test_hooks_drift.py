@@ -23,7 +23,7 @@ from runtimeproxy.hooks.drift import (
 )
 from runtimeproxy.hooks.sdk import Resources
 
-from runtimeproxy.dispatch.limits import format_cpuset
+from runtimeproxy.hookapi.value_bounds import format_cpuset
 
 PAGE = 4096
 cpusets = st.frozensets(st.integers(0, 63), min_size=1, max_size=8).map(format_cpuset)

@@ -29,7 +29,7 @@ from runtimeproxy.hooks.explain import (
 from runtimeproxy.hooks.plugins import cpuset as cpuset_plugin
 from runtimeproxy.hooks.policy import DEFAULT_POLICY
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.resctrl import ResctrlFS
+from runtimeproxy.hooks.resctrl_fs import ResctrlFS
 from runtimeproxy.hooks.sdk import (
     ContainerInfo,
     DiscoveryResult,
@@ -39,8 +39,8 @@ from runtimeproxy.hooks.sdk import (
     PodInfo,
 )
 from runtimeproxy.hooks.testkit import policy_from
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
-from runtimeproxy.hooks.testkit.resctrl import FakeResctrl, make_fake_resctrl
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_resctrl import FakeResctrl, make_fake_resctrl
 
 PODS = Path(__file__).parents[1] / "data" / "pods"
 GI = 1 << 30

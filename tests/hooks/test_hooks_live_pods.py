@@ -19,8 +19,8 @@ from runtimeproxy.hooks.live_pods import LivePodCache, LivePods, container_info,
 from verbose_info import go_json
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
-from runtimeproxy.dispatch.store import RuntimeLoader, container_from_list_item
+from runtimeproxy.play.cri_client import CriClient
+from runtimeproxy.runtime_state import RuntimeLoader, container_from_list_item
 from runtimeproxy.testbed import Containerd
 
 TIMEOUT = 60.0

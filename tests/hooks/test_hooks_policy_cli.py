@@ -12,7 +12,7 @@ from runtimeproxy.hooks.cli import cli
 from runtimeproxy.hooks.policy import Policy, default_policy, dump_policy, loads_policy
 from runtimeproxy.hooks.sdk import DiscoveryResult, Plugin, discover_plugins, settings_specs
 
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 # What the commands read a policy against: the installed plugins' settings (the built-ins here).
 SPECS = settings_specs(discover_plugins().plugins)

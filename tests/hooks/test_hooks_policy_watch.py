@@ -15,7 +15,7 @@ from inotify_faults import fail_inotify, not_watched_errors
 from runtimeproxy.hooks.policy import Policy, PolicyWatcher
 from structlog.testing import capture_logs
 
-from runtimeproxy import dirwatch
+from runtimeproxy.common import dirwatch
 
 FOREVER = 3600.0  # a poll interval no test waits for: what is seen was seen through inotify
 QUICK = 0.02

@@ -22,9 +22,9 @@ from runtimeproxy.hooks.qos import (
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.play import kubelet
-from runtimeproxy.play.cri_resources import linux_resources
-from runtimeproxy.play.qos import KubeQoSClass
+from runtimeproxy.kubelet_model import pod_plan
+from runtimeproxy.kubelet_model.cri_resources import linux_resources
+from runtimeproxy.kubelet_model.kube_qos import KubeQoSClass
 
 KOORD = KOORDINATOR_QOS_LABEL
 KATALYST = KATALYST_QOS_LEVEL_ANNOTATION
@@ -147,10 +147,10 @@ KUBE_TO_CLASS = {
 @pytest.mark.parametrize("root", ["/", "/rtpx-1234", "/a/b-c"])
 @pytest.mark.parametrize("kube_qos", list(KubeQoSClass))
 def test_parents_from_the_kubelet_emulation(
-    kube_qos: KubeQoSClass, root: str, driver: kubelet.CgroupDriver
+    kube_qos: KubeQoSClass, root: str, driver: pod_plan.CgroupDriver
 ) -> None:
     uid = "0b5a3c1e-8d2f-4b6a-9c7d-1e2f3a4b5c6d"
-    parent = kubelet.pod_cgroup_parent(kube_qos, uid, driver, root)
+    parent = pod_plan.pod_cgroup_parent(kube_qos, uid, driver, root)
     assert kubernetes_qos_from_cgroup_parent(parent) == kube_qos.value
     result = resolve_qos({}, {}, parent)
     assert (result.qos_class, result.source) == (KUBE_TO_CLASS[kube_qos], "kubernetes-cgroup-parent")
@@ -165,9 +165,9 @@ def test_parents_from_the_kubelet_emulation(
     ),
 )
 def test_any_kubelet_parent_resolves_to_its_class(
-    kube_qos: KubeQoSClass, uid: str, driver: kubelet.CgroupDriver, root: str
+    kube_qos: KubeQoSClass, uid: str, driver: pod_plan.CgroupDriver, root: str
 ) -> None:
-    parent = kubelet.pod_cgroup_parent(kube_qos, uid, driver, root)
+    parent = pod_plan.pod_cgroup_parent(kube_qos, uid, driver, root)
     assert resolve_qos({}, {}, parent).qos_class is KUBE_TO_CLASS[kube_qos]
 
 

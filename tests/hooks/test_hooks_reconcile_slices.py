@@ -21,7 +21,7 @@ from runtimeproxy.hooks.live_pods import LivePods
 from runtimeproxy.hooks.plugins import cpu, cpuset, memory
 from runtimeproxy.hooks.reconciler import Reconciler, RoundResult
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, Resources, ServerContext
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v2
 
 PODS = 80  # each pod a few cgroup reads per plugin: a round takes several slices of 1 ms anywhere
 BATCH = json.dumps(

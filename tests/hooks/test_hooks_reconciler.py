@@ -22,17 +22,17 @@ from runtimeproxy.hooks import policy as policy_mod
 from runtimeproxy.hooks.cgroups import CgroupFS, PodRoots
 from runtimeproxy.hooks.reconciler import LivePods, Reconciler, list_live_pods
 from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo, ServerContext
-from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import make_fake_cgroup_v2
 from structlog.testing import capture_logs
 from verbose_info import go_json
 
-from runtimeproxy import trace
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-from runtimeproxy.cri_client import CriClient
-from runtimeproxy.dispatch.store import RuntimeLoader
-from runtimeproxy.play.kubelet import build_plan
-from runtimeproxy.play.manifest import load_pod
+from runtimeproxy.common import trace
+from runtimeproxy.kubelet_model.manifest import load_pod
+from runtimeproxy.kubelet_model.pod_plan import build_plan
+from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.play.runner import delete, play
+from runtimeproxy.runtime_state import RuntimeLoader
 from runtimeproxy.testbed import Containerd
 
 PODS = Path(__file__).parents[1] / "data" / "pods"

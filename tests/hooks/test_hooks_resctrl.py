@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from runtimeproxy.hooks.resctrl import (
+from runtimeproxy.hooks.resctrl_fs import (
     PAGE_SIZE,
     BandwidthInfo,
     CacheInfo,
@@ -31,7 +31,7 @@ from runtimeproxy.hooks.resctrl import (
     parse_schemata,
     schemata_lines,
 )
-from runtimeproxy.hooks.testkit.resctrl import (
+from runtimeproxy.hooks.testkit.fake_resctrl import (
     FakeKernelError,
     FakeResctrl,
     FakeResource,
@@ -738,7 +738,7 @@ def test_fake_kernel_tasks_parsing(fake_resctrl: FakeResctrl, sleeper: Callable[
 @given(data=st.one_of(st.binary(max_size=200), st.text("0123456789\n\r ,-", max_size=200).map(str.encode)))
 def test_a_file_reads_as_text_mode_reads_it(data: bytes) -> None:
     """The plain-read(2) reader gives what ``Path.read_text("ascii")`` gives, or refuses alike."""
-    from runtimeproxy.hooks import resctrl as resctrl_mod
+    from runtimeproxy.hooks import resctrl_fs as resctrl_mod
 
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "tasks"

@@ -15,8 +15,8 @@ from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo
 from runtimeproxy.hooks.views import HugepageLimit
 from structlog.testing import capture_logs
 
-from runtimeproxy.dispatch import resource_fields
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.hookapi import resource_fields
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
 VALUES = st.one_of(
     st.integers(-(2**70), 2**70),

@@ -22,7 +22,7 @@ from runtimeproxy.hooks.sdk import (
     settings_specs,
 )
 
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
 CREATE = HookPoint.PRE_CREATE_CONTAINER

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from runtimeproxy.hooks import runner as runner_mod
+from runtimeproxy.hooks import plugin_runner as runner_mod
 from runtimeproxy.hooks.definition import never_suspends
 from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo
 
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 POD = PodInfo(name="web", namespace="default", uid="u-1", cgroup_parent="/kubepods/burstable/podu-1")

@@ -40,8 +40,8 @@ from runtimeproxy.hooks.sdk import (
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.dispatch import resource_fields
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.hookapi import resource_fields
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
 POD = PodInfo(
     name="web",
@@ -947,7 +947,7 @@ def test_resource_changes_round_trip_through_the_wire_message() -> None:
 
 def test_the_sdk_resource_types_have_exactly_the_wire_fields() -> None:
     """Resources and ResourceChanges stay typed dataclasses, but their fields are the CRI
-    descriptor's (runtimeproxy/dispatch/resource_fields.py): a field added to the proto fails here."""
+    descriptor's (runtimeproxy/hookapi/resource_fields.py): a field added to the proto fails here."""
     assert tuple(f.name for f in dataclasses.fields(Resources)) == resource_fields.FIELDS
     assert tuple(f.name for f in dataclasses.fields(ResourceChanges)) == resource_fields.FIELDS
     assert tuple(f.name for f in dataclasses.fields(HugepageLimit)) == tuple(
@@ -978,11 +978,11 @@ def test_every_resource_field_survives_the_wire_message(
 
 
 def test_the_sdk_re_exports_its_public_api() -> None:
-    from runtimeproxy.hooks import changes, convert, definition, discovery, runner, sdk, views
+    from runtimeproxy.hooks import changes, convert, definition, discovery, plugin_runner, sdk, views
 
     for name in sdk.__all__:
         assert hasattr(sdk, name), name
-    homes = (changes, convert, definition, discovery, runner, views)
+    homes = (changes, convert, definition, discovery, plugin_runner, views)
     public = {name for module in homes for name in module.__all__}
     assert public <= set(sdk.__all__), public - set(sdk.__all__)
     for module in homes:

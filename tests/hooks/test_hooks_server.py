@@ -31,15 +31,15 @@ from runtimeproxy.hooks.cli import cli
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import ContainerInfo, HookResponse, Plugin, PluginRunner, PodInfo, ServerContext
 from runtimeproxy.hooks.server import REGISTRATION_FILE, RuntimeHooksServer, ServerSettings
-from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import make_fake_cgroup_v2
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
-from runtimeproxy.dispatch import limits
+from runtimeproxy.common.listener import AlreadyServing
 from runtimeproxy.dispatch.dispatcher import Dispatcher
-from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.registry import HookRegistry, parse_config
-from runtimeproxy.listener import AlreadyServing
+from runtimeproxy.hookapi import value_bounds
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
@@ -141,7 +141,7 @@ async def test_plugin_changes_reach_the_client(served: Any) -> None:
     assert dict(response.container_envs) == {"A": "changed", "QOS_CLASS": "BE"}
     assert dict(response.container_annotations) == {"tuned": "app:1"}
     assert response.pod_cgroup_parent == ""
-    assert limits.validate_resources(response.container_resources) == []
+    assert value_bounds.validate_resources(response.container_resources) == []
 
     response = await s.stub.PreRunPodSandboxHook(pod_request(), timeout=5)
     assert dict(response.labels) == {"tuned": "yes"}
@@ -331,7 +331,7 @@ MiB = 1 << 20
 
 
 async def test_a_request_of_8_mib_is_accepted_under_the_default_limit(served: Any) -> None:
-    """The proxy relays up to 16 MiB (runtimeproxy.limits); a big CreateContainer reaches the plugins."""
+    """The proxy relays up to 16 MiB (runtimeproxy.common.message_size); a big CreateContainer reaches the plugins."""
     s = await served(tuner())
     request = container_request(container_annotations={"big": "x" * (8 * MiB)})
     assert request.ByteSize() > 8 * MiB

@@ -27,8 +27,8 @@ from test_hooks_server import container_request, tuner
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
 from runtimeproxy.dispatch.dispatcher import Dispatcher
-from runtimeproxy.dispatch.hookpoints import HookPoint
 from runtimeproxy.dispatch.registry import FailurePolicy, HookRegistry
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 START = HookPoint.PRE_START_CONTAINER
 CREATE = HookPoint.PRE_CREATE_CONTAINER

@@ -12,7 +12,7 @@ from runtimeproxy.hooks.changes import HookResponse
 from runtimeproxy.hooks.server import container_response, pod_response
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.dispatch.hookpoints import HookKind
+from runtimeproxy.hookapi.hookpoints import HookKind
 
 entries = st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3)
 parents = st.sampled_from(["", "/kubepods/burstable/pod1"])

@@ -1,4 +1,4 @@
-"""The runtime-hooks server's RPC layer on runtimeproxy.h2server: what a request that does not
+"""The runtime-hooks server's RPC layer on runtimeproxy.wire.grpc_server: what a request that does not
 decode, a bug of ours and the trace get, through the proxy's own client (H2Channel)."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from runtimeproxy.hooks.server import SERVICE, RuntimeHooksServer, ServerSetting
 from structlog.testing import capture_logs
 from test_hooks_server import container_request, pod_request, tuner
 
-from runtimeproxy import trace
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
-from runtimeproxy.h2client import H2Channel, RpcError
-from runtimeproxy.relay.grpc_wire import StatusCode
+from runtimeproxy.common import trace
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
+from runtimeproxy.wire.grpc_client import H2Channel, RpcError
+from runtimeproxy.wire.grpc_framing import StatusCode
 
 RUN = f"/{SERVICE}/{HookPoint.PRE_RUN_POD_SANDBOX.rpc}"
 CREATE = f"/{SERVICE}/{HookPoint.PRE_CREATE_CONTAINER.rpc}"

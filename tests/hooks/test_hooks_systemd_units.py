@@ -59,7 +59,7 @@ from runtimeproxy.hooks.testkit import (
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
-from runtimeproxy.dispatch.limits import parse_cpuset
+from runtimeproxy.hookapi.value_bounds import parse_cpuset
 
 CID = "4a5b6c7d8e9f"
 BATCH = cpu.EXTENDED_RESOURCE_SPEC_ANNOTATION

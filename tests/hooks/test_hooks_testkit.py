@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 from fake_dists import make_distribution
-from runtimeproxy.hooks import resctrl as resctrl_mod
+from runtimeproxy.hooks import resctrl_fs as resctrl_mod
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
 from runtimeproxy.hooks.qos import KOORDINATOR_QOS_LABEL, QoSClass
-from runtimeproxy.hooks.resctrl import KernelOps, ResctrlCapacityError, ResctrlFS, ResctrlWriteError
+from runtimeproxy.hooks.resctrl_fs import KernelOps, ResctrlCapacityError, ResctrlFS, ResctrlWriteError
 from runtimeproxy.hooks.sdk import (
     ENTRY_POINT_GROUP,
     HookCallFailed,
@@ -57,7 +57,7 @@ from runtimeproxy.hooks.testkit import (
 )
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
-from runtimeproxy.dispatch import protocol
+from runtimeproxy.hookapi import cri_mapping
 
 pytest_plugins = ["runtimeproxy.hooks.testkit.fixtures", "pytester"]
 
@@ -306,7 +306,7 @@ def test_container_matches_what_the_server_makes_of_container_request(fields: di
 
 
 def test_requests_are_the_proxys_own() -> None:
-    """The requests equal those the proxy builds from the CRI calls (dispatch/protocol.py)."""
+    """The requests equal those the proxy builds from the CRI calls (hookapi/cri_mapping.py)."""
     limits = cri.LinuxContainerResources(cpu_period=100_000, cpu_quota=50_000, cpu_shares=512)
     config = cri.PodSandboxConfig(
         metadata=cri.PodSandboxMetadata(name="web", uid="u-1", namespace="shop", attempt=1),
@@ -320,9 +320,9 @@ def test_requests_are_the_proxys_own() -> None:
         envs=[cri.KeyValue(key="A", value=b"1"), cri.KeyValue(key="BAD", value=b"\xff")],
         linux=cri.LinuxContainerConfig(resources=cri.LinuxContainerResources(cpu_shares=256, oom_score_adj=900)),
     )
-    view = protocol.PodView(sandbox_id="sb-1", runtime_handler="runc", config=config)
-    proxy_pod = protocol.pod_hook_request(view)
-    proxy_container = protocol.container_hook_request(view, protocol.ContainerView("ctr-1", config_c))
+    view = cri_mapping.PodView(sandbox_id="sb-1", runtime_handler="runc", config=config)
+    proxy_pod = cri_mapping.pod_hook_request(view)
+    proxy_container = cri_mapping.container_hook_request(view, cri_mapping.ContainerView("ctr-1", config_c))
 
     owner = pod(
         "web",
@@ -509,7 +509,7 @@ def test_another_process_drives_the_tree(tmp_path: Path) -> None:
         """
         import json, sys
         from pathlib import Path
-        from runtimeproxy.hooks.resctrl import ResctrlFS
+        from runtimeproxy.hooks.resctrl_fs import ResctrlFS
         from runtimeproxy.hooks.testkit import attach_fake_resctrl
 
         root, options = sys.argv[1], json.loads(sys.argv[2])

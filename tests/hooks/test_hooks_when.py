@@ -29,11 +29,11 @@ from runtimeproxy.hooks.sdk import (
     filtered_reason,
 )
 from runtimeproxy.hooks.testkit import policy_from
-from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v1
+from runtimeproxy.hooks.testkit.fake_cgroups import make_fake_cgroup_v1
 from structlog.testing import capture_logs
 
-from runtimeproxy import logs
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.common import logs
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 PRE_CREATE = HookPoint.PRE_CREATE_CONTAINER
 POD = PodInfo("web", "default", "u1", sandbox_id="sb1", cgroup_parent="/kubepods/burstable/podu1")

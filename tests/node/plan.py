@@ -20,9 +20,9 @@ from typing import Any
 import yaml
 from runtimeproxy.hooks.cgroups import expand_slice, shares_to_weight
 
-from runtimeproxy.play.cri_resources import milli_cpu_to_quota, milli_cpu_to_shares
-from runtimeproxy.play.kubelet import pod_cgroup_parent
-from runtimeproxy.play.qos import KubeQoSClass
+from runtimeproxy.kubelet_model.cri_resources import milli_cpu_to_quota, milli_cpu_to_shares
+from runtimeproxy.kubelet_model.kube_qos import KubeQoSClass
+from runtimeproxy.kubelet_model.pod_plan import pod_cgroup_parent
 from runtimeproxy.testbed.noderun import GUEST_DIR
 
 RECONCILE_INTERVAL_S = 5

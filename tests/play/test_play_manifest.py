@@ -12,15 +12,15 @@ import pytest
 from click.testing import CliRunner
 from kubernetes.client import V1Pod
 
-from runtimeproxy.cri_client import unix_socket_path, unix_socket_served
-from runtimeproxy.play.command import play_command
-from runtimeproxy.play.manifest import (
+from runtimeproxy.kubelet_model.manifest import (
     ManifestError,
     derive_pod_uid,
     load_pod,
     parse_pod_text,
     parse_quantity_value,
 )
+from runtimeproxy.play.command import play_command
+from runtimeproxy.play.cri_client import unix_socket_path, unix_socket_served
 
 PODS = Path(__file__).parents[1] / "data" / "pods"
 

@@ -35,10 +35,10 @@ from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as pb_grpc
-from runtimeproxy.metrics import CallMetrics
-from runtimeproxy.relay import grpc_wire
-from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
+from runtimeproxy.proxy.metrics import CallMetrics
+from runtimeproxy.relay.call_interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo
+from runtimeproxy.wire import grpc_framing
 
 T = TypeVar("T")
 CALL_TIMEOUT = 10.0
@@ -765,7 +765,7 @@ async def test_interceptor_after_runs_when_the_connection_is_lost(fake: FakeRunt
         await within(fake.exec_cancelled.wait())
         await eventually(lambda: len(hooks.outcomes) == 1, 2.0)
         code = hooks.outcomes[0][2].code
-        assert code == (grpc_wire.CANCELLED if lost == "client" else grpc_wire.UNAVAILABLE)
+        assert code == (grpc_framing.CANCELLED if lost == "client" else grpc_framing.UNAVAILABLE)
     finally:
         await client.close()
         await proxy.stop()
@@ -1032,7 +1032,7 @@ async def test_connection_credit_comes_back_exactly(sockdir: str) -> None:
             await client.call(FUTURE_METHOD, b"y" * 40_000, data_chunks=4),
         ]
         assert [a.status for a in answers] == [0, 0, 0, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], 0]
-        (message,) = grpc_wire.split_messages(bytes(backend.requests[1])) or []
+        (message,) = grpc_framing.split_messages(bytes(backend.requests[1])) or []
         grown = pb.UpdateContainerResourcesRequest.FromString(message.body)
         assert grown.container_id == "hooked" and len(grown.annotations["padding"]) == 30_000
         assert len(backend.requests[3]) == 5 + len(pb.VersionRequest(version="v" * 20_000).SerializeToString())
@@ -1156,12 +1156,12 @@ def _gzip(body: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("body", "metadata", "reason"),
     [
-        (grpc_wire.encode_message(update_bytes("a")) + grpc_wire.encode_message(update_bytes("b")),
+        (grpc_framing.encode_message(update_bytes("a")) + grpc_framing.encode_message(update_bytes("b")),
          [], "exactly one message, got 2"),
-        (grpc_wire.encode_message(update_bytes("a"))[:-3], [], "not whole length-prefixed"),
-        (grpc_wire.encode_message(b"x" * 40, compressed=True), [("grpc-encoding", "snappy")], "'snappy'"),
-        (grpc_wire.encode_message(b"not gzip", compressed=True), [("grpc-encoding", "gzip")], "does not decompress"),
-        (grpc_wire.encode_message(_gzip(b"\0" * 300_000), compressed=True), [("grpc-encoding", "gzip")],
+        (grpc_framing.encode_message(update_bytes("a"))[:-3], [], "not whole length-prefixed"),
+        (grpc_framing.encode_message(b"x" * 40, compressed=True), [("grpc-encoding", "snappy")], "'snappy'"),
+        (grpc_framing.encode_message(b"not gzip", compressed=True), [("grpc-encoding", "gzip")], "does not decompress"),
+        (grpc_framing.encode_message(_gzip(b"\0" * 300_000), compressed=True), [("grpc-encoding", "gzip")],
          "inflates to over"),
     ],
     ids=["two-messages", "truncated", "unknown-encoding", "bad-gzip", "gzip-bomb"],

@@ -18,10 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from relay_pair import VERSION, CountingTransport, Pair, message
 
-from runtimeproxy.relay import connection, frames, grpc_wire
-from runtimeproxy.relay.grpc_wire import encode_message
-from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
+from runtimeproxy.relay import connection
+from runtimeproxy.relay.call_interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo
+from runtimeproxy.wire import frames, grpc_framing
+from runtimeproxy.wire.grpc_framing import encode_message
 
 WINDOW = frames.DEFAULT_WINDOW
 
@@ -39,7 +40,7 @@ class Rewriter:
     async def before(self, call: CallContext, request: bytes) -> bytes:
         change = self.plans[request[0]]
         if change is None:
-            raise RejectCall(grpc_wire.UNAVAILABLE, "refused")
+            raise RejectCall(grpc_framing.UNAVAILABLE, "refused")
         return request[:1] * max(1, len(request) + change)
 
     async def after(self, call: CallContext, request: bytes, outcome: CallOutcome) -> None:
@@ -308,7 +309,7 @@ async def test_a_call_cancelled_while_its_hooks_run_is_credited_by_the_relay() -
     pair.conn.client_data(frames.rst_stream(1, frames.CANCEL))
     pair.conn.u2c.flush_parked()
     assert pair.client.data == frames.window_update(0, len(encode_message(b"\x00" * 20)))
-    assert pair.observed == [(VERSION, grpc_wire.CANCELLED)]
+    assert pair.observed == [(VERSION, grpc_framing.CANCELLED)]
 
 
 @pytest.mark.usefixtures("long_park")

@@ -18,11 +18,11 @@ from fake_runtime import grpc_request_headers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtimeproxy.relay import frames, grpc_wire
+from runtimeproxy.relay.call_interceptor import PassThrough
 from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions
-from runtimeproxy.relay.grpc_wire import encode_message
-from runtimeproxy.relay.interceptor import PassThrough
 from runtimeproxy.relay.methods import MethodInfo, MethodTable
+from runtimeproxy.wire import frames, grpc_framing
+from runtimeproxy.wire.grpc_framing import encode_message
 
 UNKNOWN_FRAME_TYPE = 0xB  # receivers must ignore extension frames (RFC 9113 section 4.1)
 PATHS = ["/runtime.v1.RuntimeService/Version", "/runtime.v1.RuntimeService/ListContainers", "/future.Svc/Call"]
@@ -117,9 +117,9 @@ class Call:
 
     def trailers(self) -> tuple[list[tuple[str, str]], int, str]:
         """The trailers the backend sends, and the (code, message) the relay must learn."""
-        fields = grpc_wire.status_headers(self.code, self.message, trailers_only=False)
+        fields = grpc_framing.status_headers(self.code, self.message, trailers_only=False)
         if self.status == "missing":
-            return [f for f in fields if f[0] != "grpc-status"], grpc_wire.UNKNOWN, self.message
+            return [f for f in fields if f[0] != "grpc-status"], grpc_framing.UNKNOWN, self.message
         if self.status == "repeated":  # the last one counts
             return [("grpc-status", "3"), *fields], self.code, self.message
         return fields, self.code, self.message

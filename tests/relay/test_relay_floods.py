@@ -1,4 +1,4 @@
-"""The relay holds both of its peers to the HTTP/2 limits (relay.peer_limits).
+"""The relay holds both of its peers to the HTTP/2 limits (wire.peer_limits).
 
 A client flooding PINGs, SETTINGS, resets, empty or CONTINUATION frames gets GOAWAY
 ENHANCE_YOUR_CALM and only its connection (and the backend connection paired with it) is
@@ -42,11 +42,11 @@ from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.api.runtime.v1 import api_pb2_grpc as pb_grpc
-from runtimeproxy.relay import frames, grpc_wire
+from runtimeproxy.relay.call_interceptor import PassThrough
 from runtimeproxy.relay.connection import Backends, RelayConnection, RelayOptions, _Side
-from runtimeproxy.relay.interceptor import PassThrough
 from runtimeproxy.relay.methods import MethodTable
-from runtimeproxy.relay.peer_limits import CRI_CLIENT, DEFAULT_LIMITS, RUNTIME
+from runtimeproxy.wire import frames, grpc_framing
+from runtimeproxy.wire.peer_limits import CRI_CLIENT, DEFAULT_LIMITS, RUNTIME
 
 BDP_PING = bytes.fromhex("02 04 10 10 09 0e 07 07")
 
@@ -143,12 +143,12 @@ def test_a_backend_over_a_limit_ends_the_calls_with_unavailable(flood: str) -> N
     with capture_logs() as logs:
         pair.conn.upstream_data(wire)
     fields = trailers(pair.client.data, 1)
-    assert fields["grpc-status"] == str(grpc_wire.UNAVAILABLE)
-    assert "over the proxy's limits" in grpc_wire.decode_grpc_message(fields["grpc-message"])
+    assert fields["grpc-status"] == str(grpc_framing.UNAVAILABLE)
+    assert "over the proxy's limits" in grpc_framing.decode_grpc_message(fields["grpc-message"])
     assert goaway_codes(parse(pair.client.data)) == [frames.NO_ERROR]  # the client did nothing wrong
     assert goaway_codes(parse(pair.backend.data))[-1:] == [frames.ENHANCE_YOUR_CALM]
     assert pair.client.closed and pair.backend.closed
-    assert pair.observed == [(VERSION, grpc_wire.UNAVAILABLE)]
+    assert pair.observed == [(VERSION, grpc_framing.UNAVAILABLE)]
     assert limit_events(logs) == [(RUNTIME, limit)]
     assert exceeded(RUNTIME, limit) == before + 1
 
@@ -163,7 +163,7 @@ def test_a_backend_continuation_flood_closes_the_client_connection_too() -> None
     assert limit_events(logs) == [(RUNTIME, "continuations_per_block")]
     assert pair.client.closed and pair.backend.closed
     assert frames.GOAWAY in [t for t, _, _, _ in parse(pair.client.data)]
-    assert pair.observed == [(VERSION, grpc_wire.UNAVAILABLE)]
+    assert pair.observed == [(VERSION, grpc_framing.UNAVAILABLE)]
 
 
 # -- ordinary traffic --------------------------------------------------------------------------------
@@ -195,7 +195,7 @@ def test_thousands_of_calls_with_a_ping_after_each_read_never_trip_a_limit() -> 
 def test_a_large_response_with_a_ping_after_every_read_is_no_flood() -> None:
     pair = Pair(max_message_size=32 << 20)
     pair.conn.client_data(pair.request(1))
-    body = grpc_wire.encode_message(b"x" * (16 << 20))
+    body = grpc_framing.encode_message(b"x" * (16 << 20))
     encoder = hpack.Encoder()
     pair.conn.upstream_data(frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS, 1, encoder.encode(
         [(":status", "200"), ("content-type", "application/grpc")])))
@@ -319,7 +319,7 @@ async def test_a_client_that_does_not_read_has_its_reading_paused_and_resumed(pr
     connection) once the write buffer is full, holds no more than its mark and one read, serves
     other clients meanwhile, and goes on once the client reads: every answer arrives whole."""
     status = "/runtime.v1.RuntimeService/ContainerStatus"
-    request = grpc_wire.encode_message(pb.ContainerStatusRequest(container_id="size:200000").SerializeToString())
+    request = grpc_framing.encode_message(pb.ContainerStatusRequest(container_id="size:200000").SerializeToString())
     calls = range(1, 41, 2)
     wire = frames.PREFACE + frames.settings({frames.SETTINGS_INITIAL_WINDOW_SIZE: 1 << 24})
     wire += frames.window_update(0, (1 << 24) - frames.DEFAULT_WINDOW)

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from relay_pair import VERSION, Pair
 
-from runtimeproxy.relay import frames, grpc_wire
-from runtimeproxy.relay.grpc_wire import encode_message
+from runtimeproxy.wire import frames, grpc_framing
+from runtimeproxy.wire.grpc_framing import encode_message
 
 LIMIT = 40
 
@@ -49,7 +49,7 @@ whole = st.booleans()
 
 def body_and_cuts(sizes: list[int], extra_cuts: list[int], at_boundaries: bool) -> tuple[bytes, list[int]]:
     body = b"".join(encode_message(b"m" * size) for size in sizes)
-    boundaries = list(itertools.accumulate(grpc_wire.PREFIX_LEN + size for size in sizes))
+    boundaries = list(itertools.accumulate(grpc_framing.PREFIX_LEN + size for size in sizes))
     return body, (boundaries if at_boundaries else []) + extra_cuts
 
 
@@ -68,8 +68,8 @@ def test_a_request_is_ended_exactly_when_one_of_its_messages_is_over_the_limit(
         assert pair.observed == []
         assert pair.conn.active_calls == 1
     else:
-        assert pair.observed == [(VERSION, grpc_wire.RESOURCE_EXHAUSTED)]
-        status = grpc_wire.status_frame(1, grpc_wire.RESOURCE_EXHAUSTED, over_limit("request", too_big), True)
+        assert pair.observed == [(VERSION, grpc_framing.RESOURCE_EXHAUSTED)]
+        status = grpc_framing.status_frame(1, grpc_framing.RESOURCE_EXHAUSTED, over_limit("request", too_big), True)
         assert status in pair.client.data
         assert frames.rst_stream(1, frames.CANCEL) in pair.backend.data
         assert pair.conn.active_calls == 0
@@ -91,8 +91,8 @@ def test_a_response_is_ended_exactly_when_one_of_its_messages_is_over_the_limit(
         assert pair.client.data == answer
         assert pair.conn.active_calls == 1
     else:
-        assert pair.observed == [(VERSION, grpc_wire.RESOURCE_EXHAUSTED)]
-        status = grpc_wire.status_frame(1, grpc_wire.RESOURCE_EXHAUSTED, over_limit("response", too_big), False)
+        assert pair.observed == [(VERSION, grpc_framing.RESOURCE_EXHAUSTED)]
+        status = grpc_framing.status_frame(1, grpc_framing.RESOURCE_EXHAUSTED, over_limit("response", too_big), False)
         assert status in pair.client.data
         assert pair.conn.active_calls == 0
 
@@ -107,7 +107,7 @@ def test_the_same_trailers_bytes_give_each_call_the_status_they_carry() -> None:
     for sid, code in zip((1, 3, 5, 7, 9, 11), (0, 5, 0, 5, 0, 5), strict=True):
         pair.conn.client_data(pair.request(sid))
         response = encoder.encode([(":status", "200"), ("content-type", "application/grpc")])
-        trailers = encoder.encode(grpc_wire.status_headers(code, "gone" if code else "", trailers_only=False))
+        trailers = encoder.encode(grpc_framing.status_headers(code, "gone" if code else "", trailers_only=False))
         sent.append(trailers)
         pair.conn.upstream_data(
             frames.frame(frames.HEADERS, frames.FLAG_END_HEADERS, sid, response)

@@ -20,10 +20,11 @@ import pytest
 from fake_runtime import grpc_request_headers
 from relay_pair import VERSION, Pair, message
 
-from runtimeproxy.relay import connection, frames, grpc_wire
-from runtimeproxy.relay.grpc_wire import encode_message
-from runtimeproxy.relay.interceptor import CallContext, CallOutcome, RejectCall
+from runtimeproxy.relay import connection
+from runtimeproxy.relay.call_interceptor import CallContext, CallOutcome, RejectCall
 from runtimeproxy.relay.methods import MethodInfo
+from runtimeproxy.wire import frames, grpc_framing
+from runtimeproxy.wire.grpc_framing import encode_message
 
 LIST = "/runtime.v1.RuntimeService/ListContainers"
 BDP_PING = bytes.fromhex("02 04 10 10 09 0e 07 07")  # grpc-go's BDP ping payload
@@ -100,7 +101,7 @@ async def test_a_claimed_call_reaches_the_backend_in_one_write_once_released(one
     # The backend's credit for the larger request passes, less what the hooks added.
     pair.conn.upstream_data(credit(b"changed") + reply)
     assert pair.client.writes == [credit(b"asked") + reply]
-    assert pair.observed == [(VERSION, grpc_wire.OK)]
+    assert pair.observed == [(VERSION, grpc_framing.OK)]
 
 
 @pytest.mark.usefixtures("long_park")
@@ -108,10 +109,10 @@ async def test_a_refused_call_sends_its_parked_headers_then_the_reset_in_one_wri
     pair, gate = await hooked_pair()
     headers = pair.headers(1)
     pair.conn.client_data(headers + message(1, b"asked"))
-    (await gate.waiting.get()).set_exception(RejectCall(grpc_wire.UNAVAILABLE, "no"))
+    (await gate.waiting.get()).set_exception(RejectCall(grpc_framing.UNAVAILABLE, "no"))
     await turns()
     assert pair.backend.writes == [headers + frames.rst_stream(1, frames.CANCEL)]
-    status = grpc_wire.status_frame(1, grpc_wire.UNAVAILABLE, "no", trailers_only=True)
+    status = grpc_framing.status_frame(1, grpc_framing.UNAVAILABLE, "no", trailers_only=True)
     assert pair.client.writes == [status + credit(b"asked")]  # never sent on: the relay credits it
 
 
@@ -127,7 +128,7 @@ async def test_a_client_reset_follows_the_parked_headers() -> None:
     await turns()
     assert answer.cancelled()  # the hook task went with the call
     assert pair.backend.writes == [headers + reset]
-    assert pair.observed == [(VERSION, grpc_wire.CANCELLED)]
+    assert pair.observed == [(VERSION, grpc_framing.CANCELLED)]
 
 
 @pytest.mark.usefixtures("long_park")
@@ -325,7 +326,7 @@ def test_client_window_updates_are_dropped_only_for_calls_the_relay_ended() -> N
     pair.conn.client_data(updates)
     assert pair.backend.data == updates  # no call ended by the relay yet: all pass
     pair.conn.client_data(pair.request(3, b"too large"))
-    assert pair.observed == [(VERSION, grpc_wire.RESOURCE_EXHAUSTED)]
+    assert pair.observed == [(VERSION, grpc_framing.RESOURCE_EXHAUSTED)]
     pair.backend.writes.clear()
     pair.conn.client_data(frames.window_update(3, 50) + frames.window_update(1, 100) + frames.window_update(0, 100))
     assert pair.backend.data == frames.window_update(1, 100) + frames.window_update(0, 100)
@@ -355,14 +356,14 @@ async def test_a_bug_reading_the_held_request_refuses_the_call(monkeypatch: pyte
     def broken(*args: object) -> bytes:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(grpc_wire, "single_request", broken)
+    monkeypatch.setattr(grpc_framing, "single_request", broken)
     pair, gate = await hooked_pair()
     headers = pair.headers(1)
     pair.conn.client_data(headers + message(1, b"asked"))
     await turns()
     assert gate.waiting.empty()  # the hooks never got it
     assert pair.backend.writes == [headers + frames.rst_stream(1, frames.CANCEL)]
-    assert pair.observed == [(VERSION, grpc_wire.INTERNAL)]
+    assert pair.observed == [(VERSION, grpc_framing.INTERNAL)]
     assert b"proxy hook layer failed: KeyError" in pair.client.writes[0]
 
 

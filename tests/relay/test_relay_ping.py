@@ -16,8 +16,8 @@ from fake_runtime import ProxyUnderTest, grpc_request_headers, proxy_before_fake
 from relay_pair import VERSION, Pair
 from structlog.testing import capture_logs
 
-from runtimeproxy.relay import frames, grpc_wire
-from runtimeproxy.relay.grpc_wire import encode_message
+from runtimeproxy.wire import frames, grpc_framing
+from runtimeproxy.wire.grpc_framing import encode_message
 
 BDP_PING = bytes.fromhex("02 04 10 10 09 0e 07 07")  # grpc-go's BDP ping payload
 
@@ -97,16 +97,16 @@ def test_one_write_per_peer_per_read_in_frame_order() -> None:
     call_3 = pair.request(3)
     window = frames.window_update(0, 1000)
     pair.conn.client_data(ping(b"first..!") + big + window + call_3 + ping(b"second!!"))
-    status = grpc_wire.status_frame(
+    status = grpc_framing.status_frame(
         1,
-        grpc_wire.RESOURCE_EXHAUSTED,
+        grpc_framing.RESOURCE_EXHAUSTED,
         f"request message of 11 bytes for {VERSION} is over the proxy's limit of 10",
         trailers_only=True,
     )
     credit = frames.window_update(0, len(encode_message(b"x" * 11)))
     assert pair.backend.writes == [headers_1 + frames.rst_stream(1, frames.CANCEL) + window + call_3]
     assert pair.client.writes == [ping(b"first..!", ack=True) + status + ping(b"second!!", ack=True) + credit]
-    assert pair.observed == [(VERSION, grpc_wire.RESOURCE_EXHAUSTED)]
+    assert pair.observed == [(VERSION, grpc_framing.RESOURCE_EXHAUSTED)]
 
 
 def test_a_read_with_no_whole_frame_writes_nothing() -> None:

@@ -10,10 +10,10 @@ from fake_runtime import grpc_request_headers
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from runtimeproxy.relay import frames, grpc_wire
 from runtimeproxy.relay.connection import first_call_path
-from runtimeproxy.relay.grpc_wire import MessageSizer, encode_message, parse_timeout, split_messages
-from runtimeproxy.relay.hpack_literal import encode_literal_block
+from runtimeproxy.wire import frames, grpc_framing
+from runtimeproxy.wire.grpc_framing import MessageSizer, encode_message, parse_timeout, split_messages
+from runtimeproxy.wire.hpack_literal import encode_literal_block
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -54,9 +54,9 @@ def check_sizer(limit: int, sizes: list[int], cuts: list[int], before: int, afte
     offset, first_over = 0, None
     for size in sizes:
         if size > limit:
-            first_over = (size, offset + grpc_wire.PREFIX_LEN)
+            first_over = (size, offset + grpc_framing.PREFIX_LEN)
             break
-        offset += grpc_wire.PREFIX_LEN + size
+        offset += grpc_framing.PREFIX_LEN + size
     sizer = MessageSizer(limit)
     bounds = chunk_bounds(len(stream), cuts)
     flagged = None
@@ -119,7 +119,7 @@ def test_message_sizer_across_one_byte_feeds() -> None:
     data = encode_message(b"a" * 70_000) + encode_message(b"") + encode_message(b"b" * 3)
     assert all(sizer.feed(data[i : i + 1], 0, 1) is None for i in range(len(data)))
     over = encode_message(b"c" * ((1 << 20) + 1))
-    results = [sizer.feed(over[i : i + 1], 0, 1) for i in range(grpc_wire.PREFIX_LEN)]
+    results = [sizer.feed(over[i : i + 1], 0, 1) for i in range(grpc_framing.PREFIX_LEN)]
     assert results == [None] * 4 + [(1 << 20) + 1]
 
 
@@ -140,7 +140,7 @@ def test_split_messages_rejects_truncated_payloads(bodies: list[bytes], data: st
     boundaries = {0}
     offset = 0
     for body in bodies:
-        offset += grpc_wire.PREFIX_LEN + len(body)
+        offset += grpc_framing.PREFIX_LEN + len(body)
         boundaries.add(offset)
     cut = data.draw(st.integers(0, len(payload)))
     result = split_messages(payload[:cut])
@@ -209,7 +209,7 @@ def test_parse_timeout_never_raises_on_ascii(value: str) -> None:
     [("0", 0), ("8", 8), ("16", 16), ("42", 42), ("", 2), ("-1", 2), (" 1", 2), ("1.0", 2), ("\u0663", 2), ("OK", 2)],
 )
 def test_parse_status(value: str, code: int) -> None:
-    assert grpc_wire.parse_status(value) == code
+    assert grpc_framing.parse_status(value) == code
 
 
 # -- grpc-message and status frames -------------------------------------------------------------
@@ -217,18 +217,18 @@ def test_parse_status(value: str, code: int) -> None:
 
 @given(st.text(max_size=200))
 def test_status_message_round_trips_percent_encoding(message: str) -> None:
-    fields = dict(grpc_wire.status_headers(13, message, trailers_only=False))
+    fields = dict(grpc_framing.status_headers(13, message, trailers_only=False))
     assert fields["grpc-status"] == "13"
     if message:
         encoded = fields["grpc-message"]
         assert encoded.isascii() and all(0x20 <= ord(c) < 0x7F for c in encoded)
-        assert grpc_wire.decode_grpc_message(encoded) == message
+        assert grpc_framing.decode_grpc_message(encoded) == message
     else:
         assert "grpc-message" not in fields
 
 
 def test_status_frame_is_a_trailers_only_headers_frame() -> None:
-    frame = grpc_wire.status_frame(7, grpc_wire.RESOURCE_EXHAUSTED, "too big: 100%", trailers_only=True)
+    frame = grpc_framing.status_frame(7, grpc_framing.RESOURCE_EXHAUSTED, "too big: 100%", trailers_only=True)
     ((ftype, flags, sid, payload),) = parse_frames(frame)
     assert (ftype, sid) == (frames.HEADERS, 7)
     assert flags == frames.FLAG_END_STREAM | frames.FLAG_END_HEADERS

@@ -19,7 +19,7 @@ from daemons import reap, spawn_hooks_serve
 from runtimeproxy.hooks.cli import serve
 from runtimeproxy.hooks.reconciler import DEFAULT_RUNTIME_ENDPOINT
 from runtimeproxy.hooks.server import DEFAULT_ENDPOINT, DEFAULT_HOOK_CONFIG_DIR, ServerSettings
-from runtimeproxy.hooks.testkit.cgroups import make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import make_fake_cgroup_v2
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD / "runtime-hooks.service"

@@ -67,7 +67,7 @@ The modules, one job each: :mod:`.config` (the policy section), :mod:`.plan` (th
 :mod:`.netns` (network namespaces), :mod:`.bpf` (the classid program), :mod:`.snapshot`
 (reading the tree), :mod:`.tc` (changing it: :class:`Shaper`), :mod:`.pods` (net_cls classids
 and pod addresses), :mod:`.state` (:class:`NetworkQoS`), :mod:`.handlers` (the plugin) and
-:mod:`.cli` (``python -m``).
+:mod:`.cli` (``python -m``). They import what runtimeproxy.hooks may.
 """
 
 from __future__ import annotations

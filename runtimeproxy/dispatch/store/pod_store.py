@@ -12,8 +12,13 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb
-
-from .entries import ContainerEntry, SandboxEntry, container_from_request, copy_message, sandbox_from_request
+from runtimeproxy.runtime_state.entries import (
+    ContainerEntry,
+    SandboxEntry,
+    container_from_request,
+    copy_message,
+    sandbox_from_request,
+)
 
 
 class PodStore:

@@ -10,10 +10,11 @@ from typing import Any
 
 import structlog
 
-from .entries import ContainerEntry, EntryT, SandboxEntry
-from .loader import LoadResult, RuntimeLoader
+from runtimeproxy.runtime_state.entries import ContainerEntry, EntryT, SandboxEntry
+from runtimeproxy.runtime_state.loader import LoadResult, RuntimeLoader
+from runtimeproxy.runtime_state.unreadable import UnreadableObjectError, describe_error
+
 from .pod_store import PodStore
-from .unreadable import UnreadableObjectError, describe_error
 
 log = structlog.get_logger(__package__)
 

@@ -18,14 +18,14 @@ from runtimeproxy.hooks.nri.mapping import (
     pod_response_not_applied,
     resources_update,
 )
-from runtimeproxy.hooks.nri.metrics import NriMetrics
 from runtimeproxy.hooks.nri.modes import EVENT_POINTS, NOT_IN_NRI, event_mask, events_for, mode_lines, modes_of
+from runtimeproxy.hooks.nri.nri_metrics import NriMetrics
 from runtimeproxy.hooks.nri.rpc import RpcError, StatusCode
 from runtimeproxy.hooks.nri.service import NriHooks
 from runtimeproxy.hooks.sdk import HookResponse, Plugin, PluginRunner
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri
-from runtimeproxy.dispatch.hookpoints import HookKind, HookPoint
+from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
 MiB = 1 << 20
 

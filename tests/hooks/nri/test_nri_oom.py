@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.nri.oom import OomApplied, OomNotApplied, OomScores
 from runtimeproxy.hooks.nri.service import NriHooks
-from runtimeproxy.hooks.runner import PluginRunner
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from structlog.testing import capture_logs
 from test_nri_mapping import call, nri_pod
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from runtimeproxy.hooks.nri.metrics import NriMetrics
+from runtimeproxy.hooks.nri.nri_metrics import NriMetrics
 from runtimeproxy.hooks.nri.oom import OomScores
 from runtimeproxy.hooks.nri.ordering import PodQueues
 from runtimeproxy.hooks.nri.service import NriHooks
@@ -18,7 +18,7 @@ from test_nri_mapping import call, nri_container, nri_pod
 from test_nri_oom import CID, fake_process
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri
-from runtimeproxy.dispatch.hookpoints import HookPoint
+from runtimeproxy.hookapi.hookpoints import HookPoint
 
 # -- PodQueues ---------------------------------------------------------------------------------------------
 

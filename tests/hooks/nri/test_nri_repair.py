@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.container_repair import ContainerRepair, RepairMetrics
 from runtimeproxy.hooks.extended_resources import BATCH_CPU, EXTENDED_RESOURCE_SPEC_ANNOTATION
 from runtimeproxy.hooks.nri.mapping import container_from_nri, pod_from_nri
-from runtimeproxy.hooks.nri.metrics import NriMetrics
 from runtimeproxy.hooks.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, encode_chunks
+from runtimeproxy.hooks.nri.nri_metrics import NriMetrics
 from runtimeproxy.hooks.nri.plugin import NriPlugin, NriSettings
 from runtimeproxy.hooks.nri.repair import LANDING_SECONDS, LANDING_SECONDS_PER_UPDATE, CriUpdates
 from runtimeproxy.hooks.nri.rpc import StatusCode
@@ -26,7 +26,7 @@ from runtimeproxy.hooks.nri.service import NriHooks
 from runtimeproxy.hooks.nri.ttrpc import FrameDecoder, MessageType, encode_frame
 from runtimeproxy.hooks.plugins import cpu
 from runtimeproxy.hooks.sdk import HookPoint, Plugin, PluginRunner, ServerContext
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb

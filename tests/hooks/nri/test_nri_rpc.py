@@ -1,4 +1,4 @@
-"""Unary ttrpc (hooks/nri/rpc.py), the NRI connection (hooks/nri/connection.py) and registration
+"""Unary ttrpc (hooks/nri/rpc.py), the NRI connection (hooks/nri/runtime_link.py) and registration
 (hooks/nri/plugin.py) without a runtime: a client and a server wired to each other in memory, and
 a fake runtime on a real unix socket (timeouts, closes and refusals while registering, Shutdown)."""
 
@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from runtimeproxy.hooks.nri.connection import NriUnavailable, connect
-from runtimeproxy.hooks.nri.metrics import NriMetrics
 from runtimeproxy.hooks.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, encode_chunks
+from runtimeproxy.hooks.nri.nri_metrics import NriMetrics
 from runtimeproxy.hooks.nri.plugin import NriPlugin, NriSettings
 from runtimeproxy.hooks.nri.rpc import Method, RpcError, StatusCode, TtrpcClient, TtrpcServer
+from runtimeproxy.hooks.nri.runtime_link import NriUnavailable, connect
 from runtimeproxy.hooks.nri.service import NriHooks
 from runtimeproxy.hooks.nri.ttrpc import HEADER, Frame, FrameDecoder, MessageType, encode_frame
-from runtimeproxy.hooks.runner import PluginRunner
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb

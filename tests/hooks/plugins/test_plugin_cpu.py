@@ -36,7 +36,7 @@ from runtimeproxy.hooks.sdk import (
     ServerContext,
 )
 from runtimeproxy.hooks.testkit import policy_from
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 from structlog.testing import capture_logs
 
 RUN = HookPoint.PRE_RUN_POD_SANDBOX

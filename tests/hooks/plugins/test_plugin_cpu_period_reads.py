@@ -16,7 +16,7 @@ from runtimeproxy.hooks.podview import RESOURCE_STATUS_ANNOTATION
 from runtimeproxy.hooks.sdk import HookPoint
 from runtimeproxy.hooks.testkit.builders import pod as make_pod
 from runtimeproxy.hooks.testkit.builders import run_plugin
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup
 from test_plugin_cpu_quota_reads import CountingFS, quota_file
 
 PERIOD = "cpu.cfs_period_us"

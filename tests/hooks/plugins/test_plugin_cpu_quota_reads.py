@@ -18,7 +18,7 @@ from runtimeproxy.hooks.sdk import HookPoint
 from runtimeproxy.hooks.testkit.builders import container as make_container
 from runtimeproxy.hooks.testkit.builders import pod as make_pod
 from runtimeproxy.hooks.testkit.builders import run_plugin
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup
 from runtimeproxy.hooks.views import Resources
 
 SPEC = json.dumps({"containers": {"main": {"limits": {BATCH_CPU: "1500"}}}})

@@ -17,7 +17,7 @@ from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PluginRunner, PodInfo, Resources, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup
 from structlog.testing import capture_logs
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER

@@ -34,7 +34,7 @@ from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, Resources, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
-from runtimeproxy.hooks.testkit.cgroups import (
+from runtimeproxy.hooks.testkit.fake_cgroups import (
     V1_UNLIMITED,
     FakeCgroup,
     KubeQoS,

@@ -21,7 +21,7 @@ from runtimeproxy.hooks.plugins.oom_score import (
 )
 from runtimeproxy.hooks.sdk import HookPoint, Resources
 from runtimeproxy.hooks.testkit import container, pod, run_plugin
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, make_fake_cgroup_v1
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1
 from structlog.testing import capture_logs
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER

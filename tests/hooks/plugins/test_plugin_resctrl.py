@@ -30,11 +30,11 @@ from runtimeproxy.hooks.plugins.resctrl import (
 )
 from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.resctrl import ResctrlInfo, l3_mask, mb_value
+from runtimeproxy.hooks.resctrl_fs import ResctrlInfo, l3_mask, mb_value
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
-from runtimeproxy.hooks.testkit.cgroups import FakeCgroup, KubeQoS, make_fake_cgroup_v1, make_fake_cgroup_v2
-from runtimeproxy.hooks.testkit.resctrl import FakeResctrl, make_fake_resctrl
+from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, KubeQoS, make_fake_cgroup_v1, make_fake_cgroup_v2
+from runtimeproxy.hooks.testkit.fake_resctrl import FakeResctrl, make_fake_resctrl
 from structlog.testing import capture_logs
 
 START = HookPoint.POST_START_CONTAINER

@@ -1,0 +1,214 @@
+"""Lines logged on an event loop's thread leave in one write(2) per loop turn; other lines at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from runtimeproxy.common import logs
+from runtimeproxy.common.logs import configure_logging, get_logger
+
+
+class Recorder:
+    """A stdout that keeps each write apart, to count them."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.writes: list[str] = []
+        self.fail = fail
+
+    def write(self, text: str) -> int:
+        if self.fail:
+            raise OSError(32, "Broken pipe")
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Recorder]:
+        """As sys.stdout, inside a test's body: pytest re-installs its capture after fixture setup."""
+        saved, sys.stdout = sys.stdout, self
+        try:
+            yield self
+        finally:
+            logs.flush()
+            sys.stdout = saved
+
+    def events(self) -> list[list[str]]:
+        """Per write, the events of its lines."""
+        return [[line.split('"event": "')[1].split('"')[0] for line in w.splitlines()] for w in self.writes]
+
+
+@pytest.fixture
+def out() -> Iterator[Recorder]:
+    """A Recorder for the test to install around what it logs."""
+    configure_logging("debug", "json")
+    yield Recorder()
+    structlog.reset_defaults()
+
+
+log = get_logger("runtimeproxy.test")
+
+
+def test_one_turn_is_one_write_in_order(out: Recorder) -> None:
+    async def main() -> None:
+        log.info("a")
+        log.debug("b")
+        log.warning("c")
+        assert out.writes == []  # collected, not yet written
+        await asyncio.sleep(0)  # the flush scheduled by "a" runs before this task resumes
+        assert out.events() == [["a", "b", "c"]]
+        log.info("d")
+        await asyncio.sleep(0)
+
+    with out.installed():
+        asyncio.run(main())
+    assert out.events() == [["a", "b", "c"], ["d"]]
+
+
+def test_no_running_loop_writes_at_once(out: Recorder) -> None:
+    with out.installed():
+        log.info("a")
+        assert out.events() == [["a"]]
+        log.info("b")
+        assert out.events() == [["a"], ["b"]]
+
+
+def test_another_thread_writes_at_once(out: Recorder) -> None:
+    seen: list[list[list[str]]] = []
+
+    def in_thread() -> None:
+        log.info("threaded")
+        seen.append(out.events())
+
+    async def main() -> None:
+        await asyncio.to_thread(in_thread)
+
+    with out.installed():
+        asyncio.run(main())
+    assert seen == [[["threaded"]]]
+
+
+def test_error_lines_go_out_at_once_after_collected_ones(out: Recorder) -> None:
+    async def main() -> None:
+        log.info("before")
+        log.error("failed")
+        assert out.events() == [["before", "failed"]]  # one write, the collected line first
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            log.exception("crashed")
+        log.critical("down")
+        assert out.events() == [["before", "failed"], ["crashed"], ["down"]]
+
+    with out.installed():
+        asyncio.run(main())
+
+
+def test_a_direct_line_keeps_order_with_collected_ones(out: Recorder) -> None:
+    async def main() -> None:
+        log.info("collected")
+        thread = threading.Thread(target=lambda: log.info("direct"))
+        thread.start()
+        thread.join()  # blocks the loop: the turn's flush has not run
+        log.info("after")
+        await asyncio.sleep(0)
+
+    with out.installed():
+        asyncio.run(main())
+    assert out.events() == [["collected", "direct"], ["after"]]
+
+
+def test_lines_of_a_closed_loops_last_turn_go_out_with_the_next_write(out: Recorder) -> None:
+    loop = asyncio.new_event_loop()
+    loop.call_soon(log.info, "last turn")
+    loop.call_soon(loop.stop)  # the loop stops after this turn, before the flush it scheduled
+    with out.installed():
+        loop.run_forever()
+        loop.close()  # drops the scheduled flush
+        assert out.writes == []
+        log.info("next")
+    assert out.events() == [["last turn", "next"]]
+
+
+def test_a_failed_flush_names_the_cause_on_stderr(out: Recorder, capsys: pytest.CaptureFixture[str]) -> None:
+    async def main() -> None:
+        log.info("a")
+        log.info("b")
+        await asyncio.sleep(0)
+
+    with Recorder(fail=True).installed():
+        asyncio.run(main())
+    assert "2 log lines lost: BrokenPipeError" in capsys.readouterr().err
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    prelude = (
+        "import asyncio, os, signal\n"
+        "from runtimeproxy.common.logs import configure_logging, get_logger\n"
+        "configure_logging('info', 'json')\n"
+        "log = get_logger('t')\n"
+    )
+    return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=60)
+
+
+def test_collected_lines_are_written_at_exit() -> None:
+    code = "async def main():\n    log.info('last words')\n    raise SystemExit(3)\nasyncio.run(main())\n"
+    done = _run(code)
+    assert done.returncode == 3
+    assert '"event": "last words"' in done.stdout
+
+
+def test_sigkill_loses_only_the_interrupted_turns_info_lines() -> None:
+    code = (
+        "async def main():\n"
+        "    log.info('flushed')\n"
+        "    await asyncio.sleep(0)\n"
+        "    log.info('lost')\n"
+        "    log.error('at once')\n"
+        "    log.info('lost too')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "asyncio.run(main())\n"
+    )
+    done = _run(code)
+    assert done.returncode == -9
+    events = [line.split('"event": "')[1].split('"')[0] for line in done.stdout.splitlines()]
+    assert events == ["flushed", "lost", "at once"]  # the error line took the collected one along
+
+
+def test_stdout_is_looked_up_per_write(out: Recorder) -> None:
+    later = Recorder()
+
+    async def main() -> None:
+        log.info("a")
+        with later.installed():
+            await asyncio.sleep(0)
+
+    with out.installed():
+        asyncio.run(main())
+    assert out.writes == []
+    assert later.events() == [["a"]]
+
+
+def test_a_forked_child_does_not_write_its_parents_lines() -> None:
+    code = (
+        "import sys\n"
+        "async def main():\n"
+        "    log.info('parent line')\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        sys.exit(0)  # the child's exit flush: nothing of the parent's to write\n"
+        "    os.waitpid(pid, 0)\n"
+        "asyncio.run(main())\n"
+    )
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count('"event": "parent line"') == 1
