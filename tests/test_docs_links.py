@@ -2,8 +2,9 @@
 
 Every relative link in a Markdown file of the repository (README.md, docs/, bench/, systemd/,
 examples/) must name a file or folder that exists, and a `#fragment` must name a heading of the
-target file as GitHub makes anchors of them. Work-history markers ("session 12", "issue 7") must
-not appear in the same files; links to other projects' issues are fine.
+target file as GitHub makes anchors of them. Work-history markers (the words session or issue
+followed by a number) must not appear in them, nor in the code, tests, benchmarks and build files;
+links to other projects' issues are fine.
 """
 
 from __future__ import annotations
@@ -16,16 +17,32 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_ROOTS = ("README.md", "docs", "bench", "systemd", "examples")
+# Everything else tracked that a newcomer reads: code, tests, build and CI files.
+SOURCE_ROOTS = ("runtimeproxy", "hooks", "tests", "bench", "api", "systemd", "examples", ".ci",
+                "pyproject.toml", "setup.py", "tox.ini")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 HISTORY = re.compile(r"\b(?:sessions?|issues?)\s+\d+", re.IGNORECASE)
 
 
-def markdown_files() -> list[Path]:
-    """The tracked Markdown files under DOC_ROOTS (build output and caches are not tracked)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *DOC_ROOTS],
+def tracked(roots: tuple[str, ...]) -> list[Path]:
+    """The files under ``roots`` that git tracks or would track (build output and caches are not)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", *roots],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout
-    return sorted(REPO / name for name in listed.split("\0") if name.endswith(".md") and (REPO / name).exists())
+    return sorted(REPO / name for name in listed.split("\0") if name and (REPO / name).is_file())
+
+
+def markdown_files() -> list[Path]:
+    return [path for path in tracked(DOC_ROOTS) if path.suffix == ".md"]
+
+
+def history_lines(path: Path) -> list[str]:
+    """The lines of ``path`` that name a session or an issue by number (web addresses left out)."""
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:  # a binary file
+        return []
+    return [line.strip() for line in text.splitlines() if HISTORY.search(re.sub(r"https?://\S+", "", line))]
 
 
 def prose(text: str) -> list[str]:
@@ -85,8 +102,12 @@ def test_every_relative_link_resolves(path: Path) -> None:
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_no_work_history(path: Path) -> None:
-    found = [line.strip() for line in path.read_text().splitlines()
-             if HISTORY.search(re.sub(r"https?://\S+", "", line))]
+    assert not history_lines(path)
+
+
+def test_no_work_history_in_code_and_tests() -> None:
+    found = {path.relative_to(REPO).as_posix(): lines
+             for path in tracked(SOURCE_ROOTS) if (lines := history_lines(path))}
     assert not found, found
 
 

@@ -3,7 +3,7 @@ with and without hook servers registered.
 
 containerd 1.6 answers GetContainerEvents with UNIMPLEMENTED (tests/e2e/test_e2e_proxy.py checks
 the proxy relays that as it is); 1.7 streams events, and how it does so shapes what a client
-sees (containerd 1.7 ``GetContainerEvents``, upstream issue 7318):
+sees (containerd 1.7 ``GetContainerEvents``, containerd/containerd#7318):
 
 * every open stream reads from one shared channel: each event goes to ONE of the open
   streams (the longest waiting), not to all of them;
@@ -240,7 +240,7 @@ async def test_pod_lifecycle_events_arrive_through_the_proxy(node: Node, hooks: 
 
 
 async def test_open_streams_share_the_events(node: Node) -> None:
-    """containerd 1.7 hands each event to one open stream (upstream issue 7318): two clients
+    """containerd 1.7 hands each event to one open stream (containerd/containerd#7318): two clients
     each see part of the events, together all of them, none twice. Through the proxy as
     directly: kubelet, the one reader on a node, sees every event; a second reader (crictl
     events) takes events away from it."""
