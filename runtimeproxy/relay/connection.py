@@ -49,53 +49,60 @@ at once, and what the hooks added) takes that much more of the backend's connect
 the client knows of, until the backend credits it: a client that fills its whole window at that
 instant could overrun the backend's. CRI requests are small, mostly one frame, and hooks add
 little, so this is documented rather than solved with extra buffering.
+
+This module is the asyncio side of a relayed connection: the protocols and transports, reading
+paused and resumed, the writes collected per read, parked frames and their timers, connecting
+to the backend, limits and shutdown. What the frames mean is frame_machine.py's (the state
+machine, with no I/O); what happens to a claimed call, held_calls.py's. ``RelayConnection``
+derives from both rather than calling them: every frame costs one handler call, no more.
+
+May import the standard library, asyncio, hpack, structlog, runtimeproxy.wire and the other
+relay modules.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import hpack
 import structlog
 
-from runtimeproxy.common import trace
-from runtimeproxy.relay.call_interceptor import CallContext, CallInterceptor, CallOutcome, RejectCall
-from runtimeproxy.relay.methods import MethodInfo, MethodTable
-from runtimeproxy.relay.streams import HeldStream, Stream
+from runtimeproxy.relay.frame_machine import (
+    _CLIENT_FRAMES,
+    _UPSTREAM_FRAMES,
+    MAX_HEADER_LIST,
+    BlockHandler,
+    FrameDirection,
+    FrameTable,
+    first_call_path,
+)
+from runtimeproxy.relay.held_calls import HeldCalls
+from runtimeproxy.relay.options import Backends, RelayOptions
+from runtimeproxy.relay.streams import HeldStream
 from runtimeproxy.wire import frames, grpc_framing
-from runtimeproxy.wire.grpc_framing import MessageSizer, status_frame
-from runtimeproxy.wire.hpack_cache import CachingDecoder, HeaderList
+from runtimeproxy.wire.grpc_framing import status_frame
+from runtimeproxy.wire.hpack_cache import HeaderList
 from runtimeproxy.wire.peer_limits import (
     CLOSE_GRACE,
     CRI_CLIENT,
-    DEFAULT_LIMITS,
     OPENING_BYTES,
     RUNTIME,
-    LimitSettings,
     PeerLimits,
     PeerOverLimit,
-    header_block_over,
     peer_pid,
 )
 
+__all__ = [
+    "Backends",
+    "RelayConnection",
+    "RelayOptions",
+    "first_call_path",
+]
+
 log = structlog.get_logger("runtimeproxy.relay")
 
-# (method, gRPC code, message, seconds, whether the interceptor saw the call and logs it)
-CallObserver = Callable[[MethodInfo, int, str, float, bool], None]
-# Handles one frame: (connection, the direction it travels, flags, stream id, read buffer, payload
-# start, payload end) -> None to forward the frame unchanged, else the bytes to send instead
-# (b"": drop it). Plain functions in per-direction tables: one call per frame, no bound
-# methods (which would tie each connection into a reference cycle).
-FrameHandler = Callable[["RelayConnection", "_Direction", int, int, bytes, int, int], "bytes | None"]
-# Frame type (0-255) -> its handler, None for none: indexing a tuple is the cheapest dispatch.
-FrameTable = tuple["FrameHandler | None", ...]
-# Takes a decoded header block: (connection, stream id, flags of its HEADERS frame, headers).
-BlockHandler = Callable[["RelayConnection", int, int, HeaderList], None]
-MAX_HEADER_LIST = 1 << 20
 # Client bytes the relay keeps before its backend connection is settled (with two backends,
 # until the first call's header block is whole): the preface and settings, and a first header
 # block of the largest header list.
@@ -123,141 +130,16 @@ BDP_ANSWER_DELAY = 1.0
 # not taken along by the next write (see _Direction.park).
 BDP_ANSWERS_ONLY = float("inf")
 _BDP_PING = bytes((2, 4, 16, 16, 9, 14, 7, 7))  # grpc-go's bdpPing payload (bdp_estimator.go)
-_RST_CODES = {frames.REFUSED_STREAM: grpc_framing.UNAVAILABLE, frames.CANCEL: grpc_framing.CANCELLED}
-# Flags tested on every frame of their kind, as plain globals (no module attribute lookups).
-_PADDED_OR_PRIORITY = frames.FLAG_PADDED | frames.FLAG_PRIORITY
-_END_HEADERS = frames.FLAG_END_HEADERS
-_PADDED = frames.FLAG_PADDED
-_PREFIX_LEN = grpc_framing.PREFIX_LEN
-_message_length = grpc_framing.MESSAGE_PREFIX.unpack_from
 
 
-class Backends:
-    """Where calls go: the runtime backend, and the image backend when it is a different one.
+class _Direction(FrameDirection):
+    """One direction's writer towards its receiver: the transport, parked frames and their timers."""
 
-    With two backends, each client connection is routed by the service of its first call
-    (kubelet keeps separate connections for the runtime and image services); a call on
-    a connection routed to the other backend is refused with a status that says why.
-    """
-
-    IMAGE_SERVICE = "runtime.v1.ImageService"
-
-    def __init__(self, runtime: str, image: str | None = None) -> None:
-        self.runtime = runtime
-        self.image = image or runtime
-
-    @property
-    def split(self) -> bool:
-        return self.image != self.runtime
-
-    def for_service(self, service: str) -> str:
-        return self.image if service == self.IMAGE_SERVICE else self.runtime
-
-
-class RelayOptions:
-    """What every relayed connection shares."""
-
-    def __init__(
-        self,
-        backends: Backends,
-        methods: MethodTable,
-        interceptor: CallInterceptor,
-        observer: CallObserver,
-        max_message_size: int,
-        held_budget: int | None = None,
-        peer_limits: LimitSettings = DEFAULT_LIMITS,
-    ) -> None:
-        self.backends = backends
-        self.peer_limits = peer_limits  # what either peer may send (wire.peer_limits)
-        self.methods = methods
-        self.interceptor = interceptor
-        self.observer = observer
-        self.max_message_size = max_message_size
-        self.held = HeldBytes(2 * max_message_size if held_budget is None else held_budget)
-        # ``after`` calls owed to the interceptor, across connections: a stopping proxy
-        # gives them the drain grace and counts those it cuts off.
-        self.after_tasks: set[asyncio.Task[None]] = set()
-        self._claims: dict[str, bool] = {}
-
-    def intercepts(self, method: MethodInfo) -> bool:
-        claimed = self._claims.get(method.path)
-        if claimed is None:
-            claimed = method.unary and self.interceptor.intercepts(method)
-            self._claims[method.path] = claimed
-        return claimed
-
-
-class HeldBytes:
-    """The bytes of intercepted requests held in memory, across connections, under one budget.
-
-    Each held byte costs several more while the hooks work on it (a copy, the decoded
-    message, the re-encoded request), so many large requests at once could take the node's
-    memory: past the budget, a call is refused with RESOURCE_EXHAUSTED and kubelet retries.
-    """
-
-    __slots__ = ("budget", "used")
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.used = 0
-
-    def take(self, size: int) -> bool:
-        if self.used + size > self.budget:
-            return False
-        self.used += size
-        return True
-
-    def give_back(self, size: int) -> None:
-        self.used -= size
-
-
-class _Direction:
-    """Parse state of one direction of the pair and the writer towards its receiver."""
-
-    __slots__ = (
-        "block",
-        "block_flags",
-        "block_size",
-        "block_stream",
-        "decoded",
-        "decoder",
-        "due",
-        "feeding",
-        "handlers",
-        "late",
-        "late_timer",
-        "limits",
-        "loop",
-        "on_block",
-        "out",
-        "parked",
-        "pending",
-        "queue",
-        "timer",
-        "transport",
-    )
+    __slots__ = ("due", "late", "late_timer", "loop", "parked", "timer", "transport")
 
     def __init__(self, handlers: FrameTable, on_block: BlockHandler, limits: PeerLimits) -> None:
-        # Frame types without a handler (PRIORITY, GOAWAY, unknown) pass through untouched.
-        self.handlers = handlers
-        self.on_block = on_block
-        self.limits = limits  # of the peer whose frames this direction reads
+        super().__init__(handlers, on_block, limits)
         self.transport: asyncio.Transport | None = None
-        self.pending = b""
-        self.decoder = CachingDecoder(max_header_list_size=MAX_HEADER_LIST)
-        self.decoded = self.decoder.cache  # see _headers_frame
-        # Header block being collected across HEADERS and CONTINUATION frames.
-        self.block: list[bytes] | None = None
-        self.block_stream = 0
-        self.block_flags = 0
-        self.block_size = 0
-        # Frames of the relay's own, held while a header block is open in this direction
-        # or while its bytes are being read (they go out after the frame being handled).
-        self.queue: list[bytes] = []
-        self.feeding = False
-        # While the connection handles a read: what goes to this receiver, written once at the
-        # end (see RelayConnection.client_data). None: write at once.
-        self.out: list[bytes | memoryview] | None = None
         # Frames that can wait (see park): they go first in the next write, or when timer fires.
         self.parked: list[bytes | memoryview] = []
         self.timer: asyncio.TimerHandle | None = None
@@ -354,18 +236,6 @@ class _Direction:
             self.late_timer.cancel()
             self.late_timer = None
 
-    def inject(self, data: bytes) -> None:
-        """Write a frame of the relay's own, in order with the frames already relayed."""
-        if self.block is not None or self.feeding:
-            self.queue.append(data)
-        else:
-            self.write(data)
-
-    def flush_queue(self) -> None:
-        if self.queue and self.block is None:
-            queued, self.queue = self.queue, []
-            self.write(b"".join(queued))
-
 
 class _Side(asyncio.Protocol):
     """asyncio protocol for one socket; it hands everything to the connection."""
@@ -395,12 +265,14 @@ class _Side(asyncio.Protocol):
         self.conn.writes_paused(towards_client=self.is_client, paused=False)
 
 
-class RelayConnection:
+class RelayConnection(HeldCalls):
     """The pair of connections for one client, and every call on it."""
 
+    c2u: _Direction
+    u2c: _Direction
+
     def __init__(self, options: RelayOptions, on_closed: Callable[[RelayConnection], None]) -> None:
-        self.options = options
-        self.upstream_path = options.backends.runtime
+        super().__init__(options)
         self.on_closed = on_closed
         # client -> upstream, written to the upstream socket; upstream -> client likewise.
         limits = options.peer_limits
@@ -408,32 +280,12 @@ class RelayConnection:
         self.u2c = _Direction(_UPSTREAM_FRAMES, RelayConnection._upstream_headers, PeerLimits(RUNTIME, limits))
         self.client_transport: asyncio.Transport | None = None
         self.upstream_transport: asyncio.Transport | None = None
-        self.streams: dict[int, Stream] = {}
-        self.ended_by_relay: set[int] = set()
-        self.tasks: set[asyncio.Task[None]] = set()  # cancelled when the connection goes
-        self.preface_left = len(frames.PREFACE)
         # Client bytes that came before the backend connection was settled.
         self.early: list[bytes] | None = []
         self.early_size = 0
         self.full_buffers = 0  # write buffers over their high-water mark: 1 towards the client, 2 the backend
         self.degraded: _BackendDown | None = None
-        self.last_client_stream = 0
-        self.closing = False
-        self.route_service_is_image = False
         self.routed = False  # with two backends: whether the first call has chosen one
-        self.split_backends = options.backends.split
-        self.own_settings_acks = 0  # client SETTINGS ACKs that answer the relay's own SETTINGS
-        # Flow control towards the backend, for sending changed requests.
-        self.up_conn_window = frames.DEFAULT_WINDOW
-        self.up_initial_window = frames.DEFAULT_WINDOW
-        self.up_max_frame = frames.DEFAULT_MAX_FRAME
-        self.client_credit = 0  # connection credit owed to the client, sent once per read
-        self.upstream_credit = 0  # likewise, owed to the backend
-        self.client_credit_debt = 0  # backend credit the client must not see (see _settle)
-        self.sending_calls = 0  # changed requests waiting for backend credit (Stream.sending)
-        self.claimed = False  # whether the read being handled opened a call the interceptor claims
-
-    # -- protocol factory and socket events -------------------------------------------------
 
     def client_protocol(self) -> asyncio.Protocol:
         return _Side(self, is_client=True)
@@ -665,654 +517,25 @@ class RelayConnection:
         self.route_service_is_image = service == Backends.IMAGE_SERVICE
         self._keep(asyncio.get_running_loop().create_task(self._connect_upstream()))
 
-    def _pass_preface(self, data: bytes) -> bytes:
-        take = min(self.preface_left, len(data))
-        self.c2u.write(data[:take])
-        self.preface_left -= take
-        return data[take:]
+    # -- what the state machine and the held calls take from the I/O side ---------------------
 
-    def _feed(self, d: _Direction, data: bytes) -> None:
-        """Split ``data`` into frames; forward runs of unchanged frames in one write each."""
-        if d.pending:
-            data = d.pending + data
-            d.pending = b""
-        size = len(data)
-        last = size - frames.HEADER_LEN  # where the last whole frame header can start
-        pos = run_start = 0
-        unpack = frames.FRAME_HEADER.unpack_from
-        handlers = d.handlers
-        header_len, stream_mask = frames.HEADER_LEN, frames.MAX_STREAM_ID
-        d.feeding = True
-        while pos <= last:
-            high, low, ftype, flags, stream_id = unpack(data, pos)
-            end = pos + header_len + ((high << 8) | low)
-            if end > size:
-                break
-            handler = handlers[ftype]
-            # Only a handler queues frames or closes a header block, so a frame without one
-            # never leaves the fast path.
-            if handler is not None:
-                try:
-                    replacement = handler(self, d, flags, stream_id & stream_mask, data, pos + header_len, end)
-                except PeerOverLimit:
-                    if pos > run_start:  # what came before it is relayed
-                        d.write(memoryview(data)[run_start:pos])
-                    raise
-                if replacement is not None or (d.queue and d.block is None):
-                    # Out of the fast path: write what came before, this frame's bytes, then
-                    # whatever the relay queued while handling it. Views, not copies: the
-                    # pass writes them all at once.
-                    if pos > run_start:
-                        d.write(memoryview(data)[run_start:pos])
-                    if replacement is None:
-                        d.write(memoryview(data)[pos:end])
-                    elif replacement:
-                        d.write(replacement)
-                    d.feeding = False
-                    d.flush_queue()
-                    d.feeding = True
-                    run_start = end
-            pos = end
-        d.feeding = False
-        if pos > run_start:
-            d.write(data if run_start == 0 and pos == size else memoryview(data)[run_start:pos])
-        d.flush_queue()
-        if pos < size:
-            d.pending = data[pos:]
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return self.c2u.running_loop()
 
-    # -- client -> backend -----------------------------------------------------------------
-
-    def _client_settings(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
-        d.limits.settings(end - start)
-        if flags & frames.FLAG_ACK:
-            if self.own_settings_acks:  # answers the relay's own SETTINGS: not the backend's business
-                self.own_settings_acks -= 1
-                return b""
-            return None
-        table = frames.parse_settings(data[start:end]).get(frames.SETTINGS_HEADER_TABLE_SIZE)
-        if table is not None:
-            self.u2c.decoder.max_allowed_table_size = table
-        return None
-
-    def _ping_frame(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
-        """Answer a PING to the peer that sent it, and drop it and every PING ACK (either way).
-
-        The relay sends no PING of its own, so every ACK answers a PING it answered already.
-        A malformed PING is forwarded as before: its receiver ends the connection with a
-        connection error (FRAME_SIZE_ERROR or PROTOCOL_ERROR, RFC 9113 section 6.7).
-        """
-        d.limits.ping()  # ACKs too: the relay sends no PING, so none answers one of its own
-        if end - start != 8 or sid:
-            log.warning("malformed PING forwarded; its receiver ends the connection", length=end - start, stream=sid)
-            return None
-        if not flags & frames.FLAG_ACK:
-            (self.u2c if d is self.c2u else self.c2u).inject(frames.ping_ack(data[start:end]))
-        return b""
-
-    def _client_window_update(
-        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
-    ) -> bytes | None:
-        return b"" if sid in self.ended_by_relay else None
-
-    def _client_data_frame(
-        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
-    ) -> bytes | None:
-        length = end - start
-        if not length and not flags & frames.FLAG_END_STREAM:
-            d.limits.empty_frame()
-        stream = self.streams.get(sid)
-        if stream is None:
-            if sid in self.ended_by_relay:
-                self.client_credit += length
-                return b""
-            self.up_conn_window -= length
-            return None
-        if isinstance(stream, HeldStream):
-            return self._hold_request(stream, flags, data, start, end)
-        too_big = _oversized(stream, False, flags, data, start, end)
-        if too_big is not None:
-            self.client_credit += length
-            self._end_by_relay(stream, grpc_framing.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
-            return b""
-        self.up_conn_window -= length
-        return None
-
-    def _client_headers(self, sid: int, flags: int, headers: HeaderList) -> None:
-        # Calls are opened in stream id order (_open_stream), so a higher id is a new call.
-        stream = self._open_stream(sid, headers) if sid > self.last_client_stream else self.streams.get(sid)
-        if isinstance(stream, HeldStream) and stream.before_task is None and flags & frames.FLAG_END_STREAM:
-            # No message for the hooks (headers only), or request trailers, which gRPC does not
-            # use: the backend would run the call without the hooks having seen a request.
-            self._end_by_relay(stream, grpc_framing.INVALID_ARGUMENT, "a unary request must carry exactly one message")
-
-    def _open_stream(self, sid: int, headers: HeaderList) -> Stream:
-        self.last_client_stream = sid
-        # The block's method and, for a call the interceptor claims, what its hooks are told of
-        # its headers, kept with the decoded block: a client sends the same bytes for each call
-        # of a method once its table is warm.
-        digest: tuple[MethodInfo, _HeldHeaders | None] | None = headers.digest
-        if digest is None:
-            fields = dict(headers)  # a repeated field: the last one counts
-            method = self.options.methods.lookup(fields.get(":path", ""))
-            held = _HeldHeaders.of(headers, fields) if self.options.intercepts(method) else None
-            digest = headers.digest = (method, held)
-        method, held = digest
-        stream: Stream
-        if held is not None:
-            stream = self._open_held(sid, method, held)
-        else:
-            stream = Stream(sid, method, time.perf_counter(), self.options.max_message_size)
-        self.streams[sid] = stream
-        if self.split_backends and self._misrouted(method):
-            self._end_by_relay(stream, grpc_framing.UNIMPLEMENTED, self._misroute_reason(method))
-        return stream
-
-    def _open_held(self, sid: int, method: MethodInfo, held: _HeldHeaders) -> HeldStream:
-        seconds = held.timeout
-        deadline = None if seconds is None else self.c2u.running_loop().time() + seconds
-        call = CallContext(method, held.metadata, deadline, held.encoding)
-        self.claimed = True
-        stream = HeldStream(sid, method, time.perf_counter(), self.options.max_message_size, call)
-        stream.up_window = self.up_initial_window
-        return stream
-
-    def _misrouted(self, method: MethodInfo) -> bool:
-        return (method.service == Backends.IMAGE_SERVICE) != self.route_service_is_image
-
-    def _misroute_reason(self, method: MethodInfo) -> str:
-        backend = self.options.backends.for_service(method.service)
-        return (
-            f"{method.path} goes to unix://{backend}, but this connection is routed to "
-            f"unix://{self.upstream_path}; with a separate image endpoint, use separate "
-            "connections for the runtime and image services"
-        )
-
-    def _client_reset(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
-        d.limits.reset()
-        stream = self.streams.get(sid)
-        if stream is not None:
-            if isinstance(stream, HeldStream) and stream.before_task is not None:
-                stream.before_task.cancel()
-            self._finish(stream, grpc_framing.CANCELLED, "cancelled by the client")
-        return b"" if sid in self.ended_by_relay else None
-
-    # -- intercepted requests --------------------------------------------------------------
-
-    def _hold_request(self, stream: HeldStream, flags: int, data: bytes, start: int, end: int) -> bytes:
-        length = end - start
-        if stream.before_task is not None:
-            # DATA after END_STREAM: forwarding it could hand the backend a request the hooks
-            # never saw, so the call ends here.
-            self.client_credit += length
-            self._end_by_relay(stream, grpc_framing.INVALID_ARGUMENT, "DATA after the end of the request")
-            return b""
-        too_big = _oversized(stream, False, flags, data, start, end)
-        if too_big is not None:
-            self.client_credit += length
-            self._end_by_relay(stream, grpc_framing.RESOURCE_EXHAUSTED, _too_large("request", too_big, stream))
-            return b""
-        lo, hi = frames.data_bounds(flags, data, start, end)
-        if not self._hold(stream, hi - lo):
-            self.client_credit += length
-            return b""
-        stream.held_request += data[lo:hi]
-        if flags & frames.FLAG_END_STREAM:
-            # The client waits for the answer now, not for credit: the backend's credit for
-            # the request sent on pays for these bytes (see _send_request), or _finish does.
-            stream.client_owed = length
-            self._start_before(stream)
-        elif length:
-            # The client may still be waiting for credit to send the rest: now, both levels.
-            self.client_credit += length
-            self.u2c.inject(frames.window_update(stream.id, length))
-        return b""
-
-    def _hold(self, stream: HeldStream, size: int) -> bool:
-        """Count ``size`` more held bytes against the budget, or refuse the call."""
-        held = self.options.held
-        if held.take(size):
-            stream.held_bytes += size
-            return True
-        used, budget = held.used, held.budget
-        log.warning("held-request budget exhausted; call refused", method=stream.method.path, held=used, budget=budget)
-        self._end_by_relay(
-            stream,
-            grpc_framing.RESOURCE_EXHAUSTED,
-            f"the proxy already holds {used} bytes of requests for its hooks, and this one would "
-            f"exceed its budget of {budget} bytes (--held-request-budget); try again",
-        )
-        return False
-
-    def _start_before(self, stream: HeldStream) -> None:
-        task = self.c2u.running_loop().create_task(self._run_before(stream))
-        stream.before_task = task
-        self._keep(task)
-
-    async def _run_before(self, stream: HeldStream) -> None:
-        assert stream.call is not None
-        try:
-            request = self._held_message(stream)
-            request = await self.options.interceptor.before(stream.call, request)
-        except grpc_framing.BadRequest as bad:
-            # The hooks could not see such a request, so it must not reach the runtime past them.
-            log.warning("request refused", method=stream.method.path, reason=str(bad))
-            self._refuse_open(stream, grpc_framing.INVALID_ARGUMENT, f"{stream.method.path}: {bad}")
-            return
-        except RejectCall as reject:
-            self._refuse_open(stream, reject.code, reject.message)
-            return
-        except Exception as exc:
-            # The interceptor applies the failure policies itself; an error escaping it (or
-            # this code) is a bug in that very code, so nothing can say the call may pass
-            # unhooked: refuse it.
-            log.exception("interceptor failed; call refused", method=stream.method.path)
-            self._refuse_open(stream, grpc_framing.INTERNAL, f"proxy hook layer failed: {type(exc).__name__}: {exc}")
-            return
-        if stream.id in self.streams:
-            stream.request = request
-            stream.after_due = True
-            if trace.ON:
-                trace.event("proxy.sent", call=stream.call.serial)
-            self._send_request(stream, grpc_framing.encode_message(request))
-
-    def _held_message(self, stream: HeldStream) -> bytes:
-        """The held request's one message (BadRequest if it is not one). The held copy goes at
-        once: large requests are budgeted, and the hooks must not hold two copies."""
-        assert stream.call is not None
-        received = bytes(stream.held_request)
-        stream.held_request.clear()
-        return grpc_framing.single_request(received, stream.call.encoding, self.options.max_message_size)
-
-    def _refuse_open(self, stream: Stream, code: int, message: str) -> None:
-        if stream.id in self.streams:  # not ended meanwhile (by the client, or the connection)
-            self._refuse(stream, code, message)
-
-    def _refuse(self, stream: Stream, code: int, message: str) -> None:
-        """End a held call from its hook task (between reads): the status and the credit for
-        the held bytes go to the client in one write."""
+    def _flush_credit_parked(self) -> None:
         u2c = self.u2c
         u2c.out = []
-        try:
-            self._end_by_relay(stream, code, message)
-            self._flush_credit()
-        finally:
-            u2c.write_out()
+        self._flush_credit()
+        u2c.write_out(PARK_DELAY)
 
-    def _send_request(self, stream: HeldStream, body: bytes) -> None:
-        stream.pending_out = body
-        stream.sending = True
-        self.sending_calls += 1
-        # The backend credits ``body`` as it reads it; the client is owed what it sent.
-        self._settle(stream.client_owed - len(body))
-        stream.client_owed = 0
-        if self.client_credit:  # sent on smaller: the relay's share can wait for the answer
-            u2c = self.u2c
-            u2c.out = []
-            self._flush_credit()
-            u2c.write_out(PARK_DELAY)
-        self._send_pending(stream)
-
-    def _settle(self, owed: int) -> None:
-        """The client is owed ``owed`` more connection credit than the backend will return for
-        what the relay sent it (negative: less). Netted against the backend credit the relay
-        absorbs (client_credit_debt); what that cannot cover, the relay credits itself. Exact:
-        the debt never exceeds the credit the backend still owes for bytes it received."""
-        debt = self.client_credit_debt - owed
-        if debt < 0:
-            self.client_credit -= debt
-            debt = 0
-        self.client_credit_debt = debt
-
-    def _send_pending(self, stream: HeldStream) -> None:
-        """Send as much of a changed request as the backend's windows allow, ending the stream."""
-        while stream.sending:
-            size = min(len(stream.pending_out), self.up_conn_window, stream.up_window, self.up_max_frame)
-            if size <= 0 and stream.pending_out:
-                return  # resumed by the backend's next WINDOW_UPDATE
-            chunk, stream.pending_out = stream.pending_out[:size], stream.pending_out[size:]
-            self.up_conn_window -= size
-            stream.up_window -= size
-            end = frames.FLAG_END_STREAM if not stream.pending_out else 0
-            self.c2u.inject(frames.frame(frames.DATA, end, stream.id, chunk))
-            if end:
-                stream.sending = False
-                self.sending_calls -= 1
-
-    # -- backend -> client -----------------------------------------------------------------
-
-    def _upstream_reset(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
-        d.limits.reset()
-        stream = self.streams.get(sid)
-        if stream is not None:
-            code = _RST_CODES.get(int.from_bytes(data[start:end], "big"), grpc_framing.INTERNAL)
-            self._finish(stream, code, "reset by the runtime")
-        return b"" if sid in self.ended_by_relay else None
-
-    def _upstream_settings_frame(
-        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
-    ) -> bytes | None:
-        d.limits.settings(end - start)
-        if not flags & frames.FLAG_ACK:
-            self._upstream_settings(frames.parse_settings(data[start:end]))
-        return None
-
-    def _upstream_data_frame(
-        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
-    ) -> bytes | None:
-        if end == start and not flags & frames.FLAG_END_STREAM:
-            d.limits.empty_frame()
-        stream = self.streams.get(sid)
-        if stream is None:
-            if sid in self.ended_by_relay:
-                self.upstream_credit += end - start
-                return b""
-            return None
-        # Offsets into the read buffer: a large response is never copied to be checked.
-        too_big = _oversized(stream, True, flags, data, start, end)
-        if too_big is not None:
-            self.upstream_credit += end - start
-            trailers_only = not stream.response_headers_seen
-            message = _too_large("response", too_big, stream)
-            self._end_stream(stream, grpc_framing.RESOURCE_EXHAUSTED, message)
-            return status_frame(sid, grpc_framing.RESOURCE_EXHAUSTED, message, trailers_only)
-        if isinstance(stream, HeldStream):
-            lo, hi = frames.data_bounds(flags, data, start, end)
-            stream.response_body += data[lo:hi]
-        return None
-
-    def _upstream_headers(self, sid: int, flags: int, headers: HeaderList) -> None:
-        stream = self.streams.get(sid)
-        if stream is None:
-            return
-        if not flags & frames.FLAG_END_STREAM:
-            stream.response_headers_seen = True
-            return
-        # The status, kept with the decoded block: the backend's trailers of one kind of
-        # answer are the same bytes call after call.
-        status: tuple[int, str] | None = headers.digest
-        if status is None:
-            status = headers.digest = _call_status(headers)
-        code, message = status
-        self._finish(stream, code, message)
-
-    def _upstream_window_update(
-        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
-    ) -> bytes | None:
-        increment = int.from_bytes(data[start : start + 4], "big") & frames.MAX_WINDOW_INCREMENT
-        if sid == 0:
-            self.up_conn_window += increment
-            if self.sending_calls:  # one WINDOW_UPDATE per request: no walk over the calls for nothing
-                self._resume_pending_sends()
-            if self.client_credit_debt:
-                absorbed = min(self.client_credit_debt, increment)
-                self.client_credit_debt -= absorbed
-                increment -= absorbed
-                return frames.window_update(0, increment)  # b"" when all absorbed
-            return None
-        if sid in self.ended_by_relay:
-            return b""
-        stream = self.streams.get(sid)
-        if isinstance(stream, HeldStream):
-            stream.up_window += increment
-            self._send_pending(stream)
-        return None
-
-    def _upstream_settings(self, values: dict[int, int]) -> None:
-        window = values.get(frames.SETTINGS_INITIAL_WINDOW_SIZE)
-        if window is not None:
-            delta = window - self.up_initial_window
-            self.up_initial_window = window
-            for stream in self.streams.values():
-                if isinstance(stream, HeldStream):  # only a changed request is sent by the relay
-                    stream.up_window += delta
-        self.up_max_frame = values.get(frames.SETTINGS_MAX_FRAME_SIZE, self.up_max_frame)
-        table = values.get(frames.SETTINGS_HEADER_TABLE_SIZE)
-        if table is not None:
-            self.c2u.decoder.max_allowed_table_size = table
-
-    def _resume_pending_sends(self) -> None:
-        for stream in self.streams.values():
-            if isinstance(stream, HeldStream) and stream.sending:
-                self._send_pending(stream)
-
-    def _start_after(self, stream: HeldStream, code: int, message: str) -> None:
-        assert stream.call is not None
-        response = None
-        if stream.response_body:
-            messages = grpc_framing.split_messages(bytes(stream.response_body))
-            if messages and not messages[0].compressed:
-                response = messages[0].body
-        outcome = CallOutcome(code=code, message=message, response=response)
-        if trace.ON:
-            trace.event("proxy.answered", call=stream.call.serial, code=code)
-        coro = self.options.interceptor.after(stream.call, stream.request, outcome)
-        task = self.c2u.running_loop().create_task(_guarded(coro, stream.method.path))
-        self.options.after_tasks.add(task)
-        task.add_done_callback(self.options.after_tasks.discard)
-
-    # -- header blocks -----------------------------------------------------------------------
-
-    def _headers_frame(self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int) -> bytes | None:
-        """Start a header block; decode it once complete. Header frames are always forwarded."""
-        if flags & _PADDED_OR_PRIORITY:
-            fragment = bytes(frames.header_block_fragment(flags, data[start:end]))
-        else:
-            fragment = data[start:end]
-        if not fragment and not flags & frames.FLAG_END_STREAM:
-            d.limits.empty_frame()
-        if flags & _END_HEADERS:
-            # The decoder's cache first, inline: three header blocks per call, nearly all hits.
-            headers = d.decoded.get(fragment)
-            d.on_block(self, sid, flags, self._decode(d, fragment) if headers is None else headers)
-        else:
-            d.block, d.block_stream, d.block_flags, d.block_size = [fragment], sid, flags, len(fragment)
-        return None
-
-    def _continuation_frame(
-        self, d: _Direction, flags: int, sid: int, data: bytes, start: int, end: int
-    ) -> bytes | None:
-        if d.block is None:
-            d.limits.continuation(0)
-            return None  # a stray CONTINUATION: the receiver will reject it
-        d.limits.continuation(len(d.block))
-        d.block_size += end - start
-        if d.block_size > MAX_HEADER_LIST:
-            raise header_block_over(MAX_HEADER_LIST, d.block_size)
-        d.block.append(data[start:end])
-        if flags & frames.FLAG_END_HEADERS:
-            block, d.block = b"".join(d.block), None
-            d.on_block(self, d.block_stream, d.block_flags, self._decode(d, block))
-        return None
-
-    def _decode(self, d: _Direction, block: bytes) -> HeaderList:
-        try:
-            return d.decoder.decode(block)
-        except hpack.HPACKError as exc:
-            return self._undecodable(exc)
-
-    def _undecodable(self, exc: hpack.HPACKError) -> HeaderList:
-        # The peers' own decoders will fail on this too; the connection cannot go on.
-        log.error("undecodable header block; closing connection", error=str(exc))
+    def _close_soon(self) -> None:
         asyncio.get_running_loop().call_soon(self.close)
-        return HeaderList()
-
-    # -- ending calls ----------------------------------------------------------------------
-
-    def _end_by_relay(self, stream: Stream, code: int, message: str) -> None:
-        """End a call the backend is still working on: error to the client, reset upstream."""
-        trailers_only = not stream.response_headers_seen
-        self._end_stream(stream, code, message)
-        self.u2c.inject(status_frame(stream.id, code, message, trailers_only))
-
-    def _end_stream(self, stream: Stream, code: int, message: str) -> None:
-        if isinstance(stream, HeldStream) and stream.before_task is not None:
-            stream.before_task.cancel()
-        self.ended_by_relay.add(stream.id)
-        self.c2u.handlers = _CLIENT_FRAMES_AFTER_END
-        if len(self.ended_by_relay) > 4096:
-            self.ended_by_relay = {sid for sid in self.ended_by_relay if sid > stream.id - 100_000}
-        self.c2u.inject(frames.rst_stream(stream.id, frames.CANCEL))
-        self._finish(stream, code, message)
-
-    def _finish(self, stream: Stream, code: int, message: str) -> None:
-        if self.streams.pop(stream.id, None) is None:
-            return
-        if isinstance(stream, HeldStream):
-            self._finish_held(stream, code, message)
-        else:
-            self.options.observer(stream.method, code, message, time.perf_counter() - stream.started, False)
-
-    def _finish_held(self, stream: HeldStream, code: int, message: str) -> None:
-        if stream.held_bytes:
-            self.options.held.give_back(stream.held_bytes)
-            stream.held_bytes = 0
-        if stream.client_owed:  # held and never sent on: the relay pays for it
-            self._settle(stream.client_owed)
-            stream.client_owed = 0
-        if stream.sending:
-            # Never sent, so the backend will never credit these bytes back.
-            self._settle(len(stream.pending_out))
-            stream.pending_out = b""
-            stream.sending = False
-            self.sending_calls -= 1
-        seconds = time.perf_counter() - stream.started
-        self.options.observer(stream.method, code, message, seconds, stream.before_task is not None)
-        if stream.after_due:
-            stream.after_due = False
-            self._start_after(stream, code, message)
-
-    def _flush_credit(self) -> None:
-        if self.client_credit:
-            self.u2c.inject(frames.window_update(0, self.client_credit))
-            self.client_credit = 0
-        if self.upstream_credit:
-            self.c2u.inject(frames.window_update(0, self.upstream_credit))
-            self.upstream_credit = 0
-
-    def _keep(self, task: asyncio.Task[Any]) -> None:
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    @property
-    def active_calls(self) -> int:
-        return len(self.streams)
-
-
-class _HeldHeaders(NamedTuple):
-    """What a claimed call's hooks are told of its request headers, derived once per block."""
-
-    metadata: tuple[tuple[str, str], ...]  # pseudo-headers left out
-    timeout: float | None  # grpc-timeout, seconds
-    encoding: str  # grpc-encoding
-
-    @classmethod
-    def of(cls, headers: HeaderList, fields: dict[str, str]) -> _HeldHeaders:
-        timeout = fields.get("grpc-timeout")
-        return cls(
-            tuple((name, value) for name, value in headers if not name.startswith(":")),
-            grpc_framing.parse_timeout(timeout) if timeout else None,
-            fields.get("grpc-encoding", "identity"),
-        )
-
-
-def _table(handlers: dict[int, FrameHandler]) -> FrameTable:
-    return tuple(handlers.get(ftype) for ftype in range(256))
-
-
-# A client's WINDOW_UPDATEs (two per call) pass untouched until the relay has ended a call
-# itself: only then may one name a stream the backend no longer knows.
-_CLIENT_HANDLERS: dict[int, FrameHandler] = {
-    frames.DATA: RelayConnection._client_data_frame,
-    frames.HEADERS: RelayConnection._headers_frame,
-    frames.CONTINUATION: RelayConnection._continuation_frame,
-    frames.RST_STREAM: RelayConnection._client_reset,
-    frames.SETTINGS: RelayConnection._client_settings,
-    frames.PING: RelayConnection._ping_frame,
-}
-_CLIENT_FRAMES = _table(_CLIENT_HANDLERS)
-_CLIENT_FRAMES_AFTER_END = _table({**_CLIENT_HANDLERS, frames.WINDOW_UPDATE: RelayConnection._client_window_update})
-_UPSTREAM_FRAMES = _table({
-    frames.DATA: RelayConnection._upstream_data_frame,
-    frames.HEADERS: RelayConnection._headers_frame,
-    frames.CONTINUATION: RelayConnection._continuation_frame,
-    frames.RST_STREAM: RelayConnection._upstream_reset,
-    frames.SETTINGS: RelayConnection._upstream_settings_frame,
-    frames.WINDOW_UPDATE: RelayConnection._upstream_window_update,
-    frames.PING: RelayConnection._ping_frame,
-})
 
 
 def _is_ping_answer(high: int, low: int, ftype: int, flags: int, sid: int) -> bool:
     """A well-formed PING ACK: only the relay's own (peers' ACKs are dropped, malformed ones
     forwarded, and those must reach their receiver as they came, at once)."""
     return ftype == frames.PING and flags & frames.FLAG_ACK != 0 and not high and low == 8 and not sid
-
-
-def first_call_path(data: bytes) -> str | None:
-    """The :path of the first call in the opening bytes of a client connection, if complete."""
-    pos = len(frames.PREFACE)
-    block = b""
-    while len(data) - pos >= frames.HEADER_LEN:
-        high, low, ftype, flags, _sid = frames.FRAME_HEADER.unpack_from(data, pos)
-        end = pos + frames.HEADER_LEN + ((high << 8) | low)
-        if end > len(data):
-            return None
-        payload = data[pos + frames.HEADER_LEN : end]
-        if ftype == frames.HEADERS:
-            block = bytes(frames.header_block_fragment(flags, payload))
-        elif ftype == frames.CONTINUATION:
-            block += payload
-        if ftype in (frames.HEADERS, frames.CONTINUATION) and flags & frames.FLAG_END_HEADERS:
-            # A fresh decoder is right here: this is the connection's first header block.
-            headers = CachingDecoder(max_header_list_size=MAX_HEADER_LIST).decode(block)
-            return next((v for k, v in headers if k == ":path"), "")
-        pos = end
-    return None
-
-
-def _call_status(trailers: HeaderList) -> tuple[int, str]:
-    """The gRPC status code and message a call's trailers carry."""
-    fields = dict(trailers)  # a repeated field: the last one counts
-    status = fields.get("grpc-status")
-    code = grpc_framing.UNKNOWN if status is None else grpc_framing.parse_status(status)
-    message = fields.get("grpc-message")
-    return code, grpc_framing.decode_grpc_message(message) if message else ""
-
-
-def _too_large(what: str, size: int, stream: Stream) -> str:
-    return f"{what} message of {size} bytes for {stream.method.path} is over the proxy's limit of {stream.limit}"
-
-
-def _oversized(stream: Stream, response: bool, flags: int, data: bytes, start: int, end: int) -> int | None:
-    """The size of a message over the limit in the DATA payload ``data[start:end]`` of ``stream``,
-    if one starts there; else None. Checked in place (a large response's frames are most of what
-    the relay reads). A frame that is exactly one whole message within the limit leaves the
-    call at a message boundary, as it found it (a unary call's only DATA frame, nearly every
-    frame): no sizer is made for such calls."""
-    if flags & _PADDED:
-        start, end = frames.data_bounds(flags, data, start, end)
-    sizer = stream.response_sizer if response else stream.request_sizer
-    if sizer is None:
-        size = end - start - _PREFIX_LEN
-        if size >= 0:
-            length: int = _message_length(data, start)[1]
-            if length == size and length <= stream.limit:
-                return None
-        sizer = MessageSizer(stream.limit)
-        if response:
-            stream.response_sizer = sizer
-        else:
-            stream.request_sizer = sizer
-    return sizer.feed(data, start, end)
-
-
-async def _guarded(coro: Any, method: str) -> None:
-    try:
-        await coro
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("interceptor after-call failed", method=method)
 
 
 class _BackendDown:

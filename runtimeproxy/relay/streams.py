@@ -13,7 +13,7 @@ class Stream:
     """One relayed call: what every call needs, and no more (one is made per call).
 
     The message sizers are made only when a DATA frame is not exactly one whole message (see
-    ``_oversized`` in connection.py): a unary call never needs them.
+    ``_oversized`` in frame_machine.py): a unary call never needs them.
     """
 
     __slots__ = ("call", "id", "limit", "method", "request_sizer", "response_headers_seen", "response_sizer", "started")

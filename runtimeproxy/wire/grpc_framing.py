@@ -169,7 +169,7 @@ class MessageSizer:
     def feed(self, data: bytes | memoryview, start: int, end: int) -> int | None:
         """Account for ``data[start:end]``; return the length of a message over the limit."""
         # A call's DATA frames that are each one whole message need no sizer at all: the relay
-        # makes one only for a call that sends anything else (connection._oversized).
+        # makes one only for a call that sends anything else (frame_machine._oversized).
         pos, left = start, self._body_left
         length: int
         while pos < end:
