@@ -52,6 +52,7 @@ __all__ = [
     "Hang",
     "HttpHookServer",
     "Respond",
+    "StaticViews",
     "TestHookServer",
     "empty_response",
     "not_grpc_text",
@@ -66,6 +67,21 @@ def empty_response(point: HookPoint | str) -> Any:
     """The response with no changes for ``point``'s kind of hook."""
     kind = HookPoint(point).kind
     return hook.PodSandboxHookResponse() if kind == HookKind.POD else hook.ContainerResourceHookResponse()
+
+
+@dataclass
+class StaticViews:
+    """Views for Dispatcher.run (dispatcher.HookViews) that ask every server the same request;
+    an answer's changes are what ``changes`` makes of it (none by default)."""
+
+    request: bytes
+    changes: Callable[[Any], list[str]] = lambda response: []
+
+    def hook_request(self) -> bytes:
+        return self.request
+
+    def apply_response(self, response: Any) -> list[str]:
+        return self.changes(response)
 
 
 # -- behaviours -----------------------------------------------------------------------------

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, Protocol
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
@@ -61,15 +61,53 @@ _RPCS: dict[HookPoint, tuple[str, Any]] = {
 }
 # Below this much time left there is no point in calling a hook server.
 MIN_CALL_SECONDS = 0.001
+
+
+class HookCallOutcome(StrEnum):
+    """How one hook server call ended (the module doc says when each applies). The values are
+    the ``outcome`` label of runtimeproxy_hook_calls and the words of the log lines."""
+
+    OK = "ok"
+    UNREGISTERED = "unregistered"
+    UNIMPLEMENTED = "unimplemented"
+    NOT_GRPC = "not_grpc"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    INVALID = "invalid"
+
+
+class LayerErrorAction(StrEnum):
+    """What became of a CRI call whose hook layer failed (the ``action`` label of
+    runtimeproxy_hook_layer_errors)."""
+
+    REFUSED = "refused"  # a Fail server was subscribed
+    RELAYED_UNCHANGED = "relayed_unchanged"  # Ignore servers only
+    AFTER_CALL = "after_call"  # the call had been carried out
+
+
 # Hook outcomes that are no problem: the next server runs, the call's line is logged at info.
-FINE_OUTCOMES = frozenset({"ok", "unregistered"})
+FINE_OUTCOMES = frozenset({HookCallOutcome.OK, HookCallOutcome.UNREGISTERED})
+
+
+class HookViews(Protocol):
+    """One CRI call's views at one hook point: what its hook servers are asked and what their
+    answers change, one server after the other."""
+
+    def hook_request(self) -> bytes:
+        """The serialized hook request for the next server, as the servers before it left the views."""
+        ...
+
+    def apply_response(self, response: Any) -> list[str]:
+        """Merge a server's non-empty, decoded answer into the views; returns the changes made.
+        Raises InvalidHookOutput for an answer that breaks the output rules."""
+        ...
 
 
 @dataclass(frozen=True)
 class HookOutcome:
     server: str
     point: HookPoint
-    outcome: str  # ok | unregistered | unimplemented | not_grpc | failed | timeout | invalid
+    outcome: HookCallOutcome
     seconds: float
     error: str = ""
     changes: tuple[str, ...] = ()
@@ -110,8 +148,8 @@ def _server_hook(key: tuple[str, HookPoint]) -> tuple[str, str]:
     return key[0], key[1].value
 
 
-def _outcome(outcome: str) -> str:
-    return outcome
+def _outcome(outcome: HookCallOutcome) -> str:
+    return outcome.value
 
 
 class HookMetrics:
@@ -120,7 +158,7 @@ class HookMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         reg = REGISTRY if registry is None else registry
-        self.calls: CallCollector[tuple[str, HookPoint], str] = CallCollector(
+        self.calls: CallCollector[tuple[str, HookPoint], HookCallOutcome] = CallCollector(
             reg, _HOOK_FAMILIES, _server_hook, _outcome
         )
         self.layer_errors = Counter(
@@ -155,15 +193,14 @@ class Dispatcher:
         """Whether a server subscribed to ``point`` has failure policy Fail."""
         return any(server.failure_policy == FailurePolicy.FAIL for server in self.registry.servers_for(point))
 
-    def count_layer_error(self, method: str, action: str) -> None:
+    def count_layer_error(self, method: str, action: LayerErrorAction) -> None:
         if self.metrics is not None:
-            self.metrics.layer_errors.labels(method, action).inc()
+            self.metrics.layer_errors.labels(method, action.value).inc()
 
     async def run(
         self,
         point: HookPoint,
-        build_request: Callable[[], bytes],
-        apply_response: Callable[[Any], list[str]],
+        views: HookViews,
         deadline: float | None,
         servers: list[HookServer] | None = None,
     ) -> list[HookOutcome]:
@@ -171,14 +208,14 @@ class Dispatcher:
         ``servers``: ``registry.servers_for(point)`` when the caller asked already (to know
         whether to run at all).
 
-        ``build_request`` gives the serialized hook request for the next server (as the servers
-        before it left the views); ``apply_response`` merges a non-empty answer into them. Each
-        call is awaited here, in no coroutine of its own: this runs for every hook call, cold.
+        Each server is asked ``views.hook_request()``; a non-empty answer goes to
+        ``views.apply_response``. Each call is awaited here, in no coroutine of its own: this
+        runs for every hook call, cold.
         """
         results: list[HookOutcome] = []
         path, response_type = _RPCS[point]
         for server in self.registry.servers_for(point) if servers is None else servers:
-            request = build_request()
+            request = views.hook_request()
             timeout = server.timeout
             if deadline is not None:
                 timeout = min(timeout, deadline - asyncio.get_running_loop().time())
@@ -193,7 +230,7 @@ class Dispatcher:
                 except Exception as exc:  # not expected; fails closed like any invalid answer
                     found = _invalid(f"{type(exc).__name__}: {exc}")
                 else:  # the empty answer (no field set): nothing to check, nothing to merge
-                    found = _merged(answer, response_type, apply_response) if answer else _OK
+                    found = _merged(answer, response_type, views) if answer else _OK
             outcome, error, changes, code = found
             result = HookOutcome(server.name, point, outcome, time.perf_counter() - started, error, changes, code)
             results.append(result)
@@ -210,13 +247,13 @@ class Dispatcher:
         """What a call that ended in ``exc`` comes to (the outcomes of the module doc)."""
         if isinstance(exc, NotGrpcAnswer):  # never "no such hook", whatever its HTTP status
             code = StatusCode.UNAVAILABLE if exc.code() == StatusCode.UNAVAILABLE else StatusCode.INTERNAL
-            return "not_grpc", cut(exc.details(), quote=False), (), code
+            return HookCallOutcome.NOT_GRPC, cut(exc.details(), quote=False), (), code
         if exc.code() != StatusCode.UNIMPLEMENTED:
             return _rpc_status(exc, timeout)
         if not self.registry.registers(server, point):
             return _UNREGISTERED
         details = cut(exc.details(), quote=False)
-        return "unimplemented", f"UNIMPLEMENTED for a hook point it registered: {details}", (), _REFUSED
+        return HookCallOutcome.UNIMPLEMENTED, f"UNIMPLEMENTED for a hook point it registered: {details}", (), _REFUSED
 
     def _channel(self, server: HookServer) -> H2Channel:
         grace = self._call_grace.get(server.endpoint, 0.0)
@@ -248,36 +285,42 @@ class Dispatcher:
 
 # A hook call's outcome, error, changes made and refusal status (HookOutcome's fields that
 # depend on the answer).
-_Found = tuple[str, str, tuple[str, ...], StatusCode]
+_Found = tuple[HookCallOutcome, str, tuple[str, ...], StatusCode]
 # The refusal for a hook that failed while the runtime is fine (never the hook server's own
 # status, which may be UNIMPLEMENTED).
 _REFUSED = StatusCode.FAILED_PRECONDITION
-_OK: _Found = ("ok", "", (), StatusCode.OK)
-_UNREGISTERED: _Found = ("unregistered", "", (), StatusCode.OK)
-_NO_TIME_LEFT: _Found = ("timeout", "no time left before the caller's deadline", (), StatusCode.DEADLINE_EXCEEDED)
+_OK: _Found = (HookCallOutcome.OK, "", (), StatusCode.OK)
+_UNREGISTERED: _Found = (HookCallOutcome.UNREGISTERED, "", (), StatusCode.OK)
+_NO_TIME_LEFT: _Found = (
+    HookCallOutcome.TIMEOUT,
+    "no time left before the caller's deadline",
+    (),
+    StatusCode.DEADLINE_EXCEEDED,
+)
 
 
 def _rpc_status(exc: RpcError, timeout: float) -> _Found:
     """A gRPC status other than OK and UNIMPLEMENTED, or no answer."""
     code = exc.code()
     if code == StatusCode.DEADLINE_EXCEEDED:
-        return "timeout", f"no answer within {timeout:.3f} s", (), StatusCode.DEADLINE_EXCEEDED
+        return HookCallOutcome.TIMEOUT, f"no answer within {timeout:.3f} s", (), StatusCode.DEADLINE_EXCEEDED
     # UNAVAILABLE (the server's, or no connection) is passed on: kubelet retries such a call.
     refusal = StatusCode.UNAVAILABLE if code == StatusCode.UNAVAILABLE else _REFUSED
-    return "failed", f"{code.name}: {cut(exc.details(), quote=False)}", (), refusal  # the server's text, bounded
+    details = cut(exc.details(), quote=False)  # the server's text, bounded
+    return HookCallOutcome.FAILED, f"{code.name}: {details}", (), refusal
 
 
-def _merged(answer: bytes, response_type: Any, apply_response: Callable[[Any], list[str]]) -> _Found:
+def _merged(answer: bytes, response_type: Any, views: HookViews) -> _Found:
     """A non-empty answer, decoded and merged."""
     try:
         response = response_type.FromString(answer)
     except Exception:  # DecodeError: not protobuf, or e.g. a string field that is not UTF-8
         return _invalid(f"response does not decode as {response_type.DESCRIPTOR.name}")
     try:
-        return "ok", "", tuple(apply_response(response)), StatusCode.OK
+        return HookCallOutcome.OK, "", tuple(views.apply_response(response)), StatusCode.OK
     except InvalidHookOutput as exc:
         return _invalid(str(exc))
 
 
 def _invalid(error: str) -> _Found:
-    return "invalid", error, (), StatusCode.INTERNAL
+    return HookCallOutcome.INVALID, error, (), StatusCode.INTERNAL

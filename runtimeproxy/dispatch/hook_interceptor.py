@@ -8,7 +8,6 @@ one line with everything the hooks did, and release the keys.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ import structlog
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.common import logs, trace
-from runtimeproxy.dispatch.dispatcher import FINE_OUTCOMES, Dispatcher, HookFailed, HookOutcome
+from runtimeproxy.dispatch.dispatcher import FINE_OUTCOMES, Dispatcher, HookFailed, HookOutcome, LayerErrorAction
 from runtimeproxy.dispatch.registry import HookServer
 from runtimeproxy.dispatch.sequencer import KeyedSequencer
 from runtimeproxy.dispatch.store import PodStore, StoreRebuilder
@@ -145,11 +144,11 @@ class HookInterceptor:
                 f"{fail_point.value} has a server with failure policy Fail"
             )
             log.error("hook layer failed; call refused", method=name, error=cause, exc_info=trace)
-            self.dispatcher.count_layer_error(name, "refused")
+            self.dispatcher.count_layer_error(name, LayerErrorAction.REFUSED)
             self._end_or_forget(call, keys, grpc_framing.INTERNAL, reason)
             raise RejectCall(grpc_framing.INTERNAL, reason) from None
         log.error("hook layer failed; call relayed unchanged", method=name, error=cause, exc_info=trace)
-        self.dispatcher.count_layer_error(name, "relayed_unchanged")
+        self.dispatcher.count_layer_error(name, LayerErrorAction.RELAYED_UNCHANGED)
         if state is not None:  # ``after`` still records the call in the store and logs it
             state.frame.changes.clear()
             state.skipped = True
@@ -191,7 +190,7 @@ class HookInterceptor:
             cause = f"{type(exc).__name__}: {exc}"
             state.layer_error = cause
             log.error("hook layer failed after the call", method=call.method.name, error=cause, exc_info=exc)
-            self.dispatcher.count_layer_error(call.method.name, "after_call")
+            self.dispatcher.count_layer_error(call.method.name, LayerErrorAction.AFTER_CALL)
         finally:
             self._end(call, outcome.code, outcome.message, None)
 
@@ -220,26 +219,9 @@ class HookInterceptor:
     ) -> Awaitable[list[HookOutcome]]:
         """Dispatcher.run itself (no coroutine of ours around it, resumed at each of its waits),
         or with tracing on, wrapped to trace it."""
-        pod_kind = point in POD_POINTS
-        run = self.dispatcher.run(
-            point,
-            functools.partial(_hook_request, frame, pod_kind),  # no lambda frame between
-            functools.partial(self._apply, frame, pod_kind),
-            deadline,
-            servers,
-        )
+        views = FrameViews(frame, point in POD_POINTS, self.output_rules)
+        run = self.dispatcher.run(point, views, deadline, servers)
         return run if not trace.ON else _traced(run, point, frame)
-
-    def _apply(self, frame: CallFrame, pod_kind: bool, response: Any) -> list[str]:
-        """Merge a hook's (non-empty) answer into the call's views; returns the changes made."""
-        _unshare(frame)  # never into the store's own messages
-        frame.hook_request = None  # the views may change: the next hook's request is built anew
-        pod, container = frame.pod, frame.container
-        assert pod is not None
-        if pod_kind:
-            return _note(frame, cri_mapping.apply_pod_response(pod, response, self.output_rules))
-        assert container is not None
-        return _note(frame, cri_mapping.apply_container_response(pod, container, response, self.output_rules))
 
     def _skipped(self, frame: CallFrame) -> bool:
         return frame.pod is not None and frame.pod.config.labels.get(self.skip_label) == self.skip_value
@@ -359,25 +341,47 @@ def _keys(name: str, request: Any) -> list[str]:
     return ["sandbox:" + request.pod_sandbox_id]
 
 
-def _note(frame: CallFrame, changes: list[str]) -> list[str]:
-    frame.changes += changes
-    return changes
+class FrameViews:
+    """A call frame's views at one hook point, as the dispatcher asks and changes them
+    (dispatcher.HookViews): a pod hook point's views are the pod's, any other's the container's."""
 
+    __slots__ = ("frame", "pod_kind", "rules")
 
-def _hook_request(frame: CallFrame, pod_kind: bool) -> bytes:
-    """The hook request for the frame's views, serialized: built once while they stay as they
-    are (the pre- and post-hooks of StartContainer, several servers of one hook point)."""
-    request = frame.hook_request
-    if request is None:
+    def __init__(self, frame: CallFrame, pod_kind: bool, rules: cri_mapping.OutputRules) -> None:
+        self.frame = frame
+        self.pod_kind = pod_kind
+        self.rules = rules
+
+    def hook_request(self) -> bytes:
+        """The hook request for the frame's views, serialized: built once while they stay as they
+        are (the pre- and post-hooks of StartContainer, several servers of one hook point)."""
+        frame = self.frame
+        request = frame.hook_request
+        if request is None:
+            pod, container = frame.pod, frame.container
+            assert pod is not None
+            if self.pod_kind:
+                message = cri_mapping.pod_hook_request(pod)
+            else:
+                assert container is not None
+                message = cri_mapping.container_hook_request(pod, container)
+            request = frame.hook_request = bytes(message.SerializeToString())
+        return request
+
+    def apply_response(self, response: Any) -> list[str]:
+        """Merge a hook's (non-empty) answer into the call's views; returns the changes made."""
+        frame = self.frame
+        _unshare(frame)  # never into the store's own messages
+        frame.hook_request = None  # the views may change: the next hook's request is built anew
         pod, container = frame.pod, frame.container
         assert pod is not None
-        if pod_kind:
-            message = cri_mapping.pod_hook_request(pod)
+        if self.pod_kind:
+            changes = cri_mapping.apply_pod_response(pod, response, self.rules)
         else:
             assert container is not None
-            message = cri_mapping.container_hook_request(pod, container)
-        request = frame.hook_request = bytes(message.SerializeToString())
-    return request
+            changes = cri_mapping.apply_container_response(pod, container, response, self.rules)
+        frame.changes += changes
+        return changes
 
 
 def _unshare(frame: CallFrame) -> None:

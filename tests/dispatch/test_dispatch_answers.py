@@ -19,6 +19,7 @@ from hook_servers import (
     Custom,
     Fail,
     HttpHookServer,
+    StaticViews,
     TestHookServer,
     not_grpc_text,
     write_registration,
@@ -53,7 +54,7 @@ class Bed:
         self.registry.scan()
 
     async def run(self, point: HookPoint) -> list[HookOutcome]:
-        return await self.dispatcher.run(point, lambda: REQUEST, lambda response: [], None)
+        return await self.dispatcher.run(point, StaticViews(REQUEST), None)
 
     async def refusal(self, point: HookPoint) -> HookFailed:
         with pytest.raises(HookFailed) as failed:
@@ -140,7 +141,7 @@ async def test_a_404_is_never_no_such_hook_even_once_unregistered(bed: Bed, http
     servers = bed.registry.servers_for(PRE)
     bed.register("http", bed.socket("http"), [POST], "Fail")  # the point dropped before the answer
     with pytest.raises(HookFailed) as failed:
-        await bed.dispatcher.run(PRE, lambda: REQUEST, lambda response: [], None, servers)
+        await bed.dispatcher.run(PRE, StaticViews(REQUEST), None, servers)
     assert failed.value.result.outcome == "not_grpc"
 
 
@@ -218,7 +219,7 @@ async def test_unimplemented_once_another_endpoint_took_the_file_is_no_such_hook
     grpc_server.set(PRE, _unregisters_then_answers_unimplemented(bed, "grpc", other, [PRE]))
     bed.register("grpc", grpc_server.socket, [PRE], "Fail")
     servers = bed.registry.servers_for(PRE)
-    (result,) = await bed.dispatcher.run(PRE, lambda: REQUEST, lambda response: [], None, servers)
+    (result,) = await bed.dispatcher.run(PRE, StaticViews(REQUEST), None, servers)
     assert result.outcome == "unregistered"
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from runtimeproxy.dispatch.dispatcher import HookMetrics, HookOutcome
+from runtimeproxy.dispatch.dispatcher import HookCallOutcome, HookMetrics, HookOutcome
 from runtimeproxy.hookapi.hookpoints import HookPoint
 
 
@@ -20,8 +20,14 @@ def test_each_call_counts_under_its_server_hook_and_outcome() -> None:
     registry = CollectorRegistry()
     metrics = HookMetrics(registry)
     pre, post = HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER
-    calls = [("a.json", pre, "ok", 0.0002), ("a.json", pre, "ok", 0.003), ("a.json", pre, "timeout", 1.0),
-             ("b.json", pre, "ok", 0.0004), ("a.json", post, "ok", 0.02)]
+    ok, timeout = HookCallOutcome.OK, HookCallOutcome.TIMEOUT
+    calls = [
+        ("a.json", pre, ok, 0.0002),
+        ("a.json", pre, ok, 0.003),
+        ("a.json", pre, timeout, 1.0),
+        ("b.json", pre, ok, 0.0004),
+        ("a.json", post, ok, 0.02),
+    ]
     for server, point, outcome, seconds in calls:
         metrics.record(HookOutcome(server, point, outcome, seconds))
 
@@ -69,15 +75,17 @@ class ReferenceHookMetrics:
 
     def record(self, result: HookOutcome) -> None:
         self.duration.labels(result.server, result.point.value).observe(result.seconds)
-        self.outcomes.labels(result.server, result.point.value, result.outcome).inc()
+        self.outcomes.labels(result.server, result.point.value, result.outcome.value).inc()
 
 
+# The outcome label's values, as docs/hook-api.md and the metric's help text name them.
+OUTCOME_WORDS = ["ok", "unregistered", "unimplemented", "not_grpc", "failed", "timeout", "invalid"]
 _hook_calls = st.lists(
     st.builds(
         HookOutcome,
         st.sampled_from(["a.json", "b.json", 'x"y\\z\n.json']),
         st.sampled_from(list(HookPoint)),
-        st.sampled_from(["ok", "unregistered", "unimplemented", "not_grpc", "failed", "timeout", "invalid"]),
+        st.sampled_from(OUTCOME_WORDS).map(HookCallOutcome),
         st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0005, 0.001, 10.0, 0.0, -0.0]),
     ),
     max_size=30,
@@ -113,7 +121,7 @@ def test_exposition_equals_prometheus_histogram_and_counters(
 
 @pytest.mark.parametrize("created", [False, True])
 def test_created_series_follow_prometheus_switch(created: bool) -> None:
-    calls = [HookOutcome("a.json", HookPoint.PRE_RUN_POD_SANDBOX, "ok", 0.0003)]
+    calls = [HookOutcome("a.json", HookPoint.PRE_RUN_POD_SANDBOX, HookCallOutcome.OK, 0.0003)]
     if not created:
         prometheus_client.disable_created_metrics()
     try:
@@ -122,3 +130,11 @@ def test_created_series_follow_prometheus_switch(created: bool) -> None:
             assert (b"_created" in ours) is created
     finally:
         prometheus_client.enable_created_metrics()
+
+
+def test_the_outcome_label_takes_exactly_the_documented_words() -> None:
+    """The outcomes are user-visible (metric label, log lines, docs): one member per word, and
+    a member formats, logs and compares as its word."""
+    assert [outcome.value for outcome in HookCallOutcome] == OUTCOME_WORDS
+    for outcome in HookCallOutcome:
+        assert (f"{outcome}", str(outcome), outcome) == (outcome.value, outcome.value, outcome.value)
