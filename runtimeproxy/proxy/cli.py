@@ -23,6 +23,7 @@ from runtimeproxy.common.cli_options import (
     optional_size_callback,
 )
 from runtimeproxy.common.endpoints import EndpointError, socket_path
+from runtimeproxy.common.extras import TOOLS, missing_modules, unavailable_command
 from runtimeproxy.common.listener import AlreadyServing
 from runtimeproxy.common.logs import configure_logging
 from runtimeproxy.common.malloc import return_large_blocks_to_the_kernel, trim_every
@@ -64,7 +65,8 @@ def _socket_option(flag: str, default: str | None, help_text: str) -> Callable[[
 
 
 class LazyGroup(click.Group):
-    """Imports a tool's module only when it runs, so the daemon never loads them."""
+    """Imports a tool's module only when it runs, so the daemon never loads them (nor needs the
+    tools' extra installed)."""
 
     LAZY: ClassVar[dict[str, str]] = {
         "play": "runtimeproxy.play.command:play_command",
@@ -78,6 +80,9 @@ class LazyGroup(click.Group):
         target = self.LAZY.get(cmd_name)
         if target is None:
             return super().get_command(ctx, cmd_name)
+        missing = missing_modules(TOOLS)
+        if missing:
+            return unavailable_command(cmd_name, f"runtime-proxy {cmd_name}", missing)
         module, _, name = target.partition(":")
         command: click.Command = getattr(importlib.import_module(module), name)
         return command

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtimeproxy.common.extras import TOOLS_EXTRA
+
 __all__ = [
     "KERNEL_MODULES",
     "PACKAGES",
@@ -164,10 +166,13 @@ def kernel_package() -> str:
     return match.group(1)
 
 
-def project_requirements(distribution: str = "runtimeproxy") -> list[str]:
-    """The installed project's runtime dependencies (extras left out), as declared."""
+def project_requirements(distribution: str = "runtimeproxy", extras: Iterable[str] = (TOOLS_EXTRA,)) -> list[str]:
+    """The installed project's runtime dependencies and those of ``extras``, as declared (the
+    node scenario plays pods in the guest: the tools' extra)."""
+    wanted = {f'extra == "{name}"' for name in extras}
     requires = importlib.metadata.requires(distribution) or []
-    return sorted(r.split(";")[0].strip() for r in requires if "extra ==" not in r)
+    return sorted(requirement.strip() for requirement, _, marker in (r.partition(";") for r in requires)
+                  if "extra ==" not in marker or marker.strip() in wanted)
 
 
 def image_key(suite: str, packages: Iterable[str], kernel: str, requirements: Iterable[str]) -> str:
