@@ -34,6 +34,7 @@ from runtimeproxy.common.cli_options import (
     max_message_size_option,
     metrics_address_option,
 )
+from runtimeproxy.common.extras import KUBERNETES, require_tools
 from runtimeproxy.common.listener import AlreadyServing
 from runtimeproxy.common.logs import configure_logging
 from runtimeproxy.common.malloc import trim_every
@@ -562,6 +563,7 @@ def explain(
     configure_logging(log_level.lower(), "console")
     # stdout is the explanation; a one-shot command needs no logger caching.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=False)
+    require_tools("runtime-hooks explain", KUBERNETES)
     from runtimeproxy.kubelet_model.manifest import ManifestError  # imports kubernetes: only here
 
     from .explain import explain_manifest, render_text

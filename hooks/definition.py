@@ -1,6 +1,7 @@
 """Defining a plugin: the :class:`Plugin` object, its handlers and the checks made when one is
-registered (keyword arguments only, ``**kwargs``, known argument names), and the arguments each
-kind of handler is called with."""
+registered (keyword arguments only, known argument names), and the arguments each kind of
+handler is called with: all of them for a handler with ``**kwargs``, the ones it names for one
+without (Handler.takes, worked out once at registration)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ __all__ = [
     "PluginDefinitionError",
 ]
 
-#: What every hook handler is called with (more may be added; handlers take **kwargs):
+#: What every hook handler may be called with (more may be added: a handler with **kwargs gets
+#: them all, one without gets the ones it names):
 #:
 #: * ``hook``: the HookPoint being called.
 #: * ``pod``: PodInfo of the pod (for container hooks too).
@@ -116,6 +118,15 @@ class Handler:
     #: handler would be; a false answer means the handler is not called (plugin_runner.PluginRunner._filter).
     when: Callable[..., Any] | None = None
     when_name: str = ""
+    #: The argument names the handler takes when it has no ``**kwargs`` (None: it takes them all).
+    takes: tuple[str, ...] | None = None
+    #: Likewise for its ``when=`` predicate.
+    when_takes: tuple[str, ...] | None = None
+
+    def arguments(self, given: Mapping[str, Any]) -> Mapping[str, Any]:
+        """What of ``given`` (every argument of the handler's kind) it is called with."""
+        takes = self.takes
+        return given if takes is None else {name: given[name] for name in takes}
 
 
 def _callable_name(fn: Callable[..., Any]) -> str:
@@ -132,25 +143,25 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 
 def _check_handler(fn: Any, what: str, known: Sequence[str]) -> Handler:
-    """The Handler for ``fn``; PluginDefinitionError unless it takes keyword arguments and **kwargs."""
+    """The Handler for ``fn``; PluginDefinitionError unless it takes keyword arguments, all known."""
     name = _check_callable(fn, what)
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         raise PluginDefinitionError(f"{what} {name} is a generator; handlers are plain functions or async def")
-    _check_signature(fn, what, name, known)
-    return Handler(fn, _is_async(fn), name, never_suspends(fn))
+    takes = _check_signature(fn, what, name, known)
+    return Handler(fn, _is_async(fn), name, never_suspends(fn), takes=takes)
 
 
-def _check_predicate(fn: Any, what: str) -> str:
-    """The name of a ``when=`` predicate; PluginDefinitionError unless it is a plain function taking
-    a hook handler's arguments by keyword and **kwargs (checked as a handler is)."""
+def _check_predicate(fn: Any, what: str) -> tuple[str, tuple[str, ...] | None]:
+    """The name of a ``when=`` predicate and the arguments it takes (None: all);
+    PluginDefinitionError unless it is a plain function taking a hook handler's arguments by
+    keyword (checked as a handler is)."""
     name = _check_callable(fn, what)
     if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn) or _is_async(fn):
         raise PluginDefinitionError(
             f"{what} {name} must be a plain function returning true or false: "
             "a predicate is answered before the handler is called, without awaiting anything"
         )
-    _check_signature(fn, what, name, HANDLER_KWARGS)
-    return name
+    return name, _check_signature(fn, what, name, HANDLER_KWARGS)
 
 
 def _check_callable(fn: Any, what: str) -> str:
@@ -160,18 +171,16 @@ def _check_callable(fn: Any, what: str) -> str:
     return _callable_name(fn)
 
 
-def _check_signature(fn: Callable[..., Any], what: str, name: str, known: Sequence[str]) -> None:
-    """PluginDefinitionError unless ``fn`` takes keyword arguments (all of them among ``known``) and **kwargs."""
+def _check_signature(fn: Callable[..., Any], what: str, name: str, known: Sequence[str]) -> tuple[str, ...] | None:
+    """The argument names ``fn`` takes (None: it has **kwargs and takes all of ``known``);
+    PluginDefinitionError unless every parameter can be passed by keyword and each one without
+    a default is among ``known``."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
         raise PluginDefinitionError(f"{what} {name}: cannot read its signature ({exc})") from None
     parameters = list(signature.parameters.values())
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        raise PluginDefinitionError(
-            f"{what} {name}{signature} must accept **kwargs, e.g. def {getattr(fn, '__name__', 'handler')}"
-            f"(*, pod, response, **kwargs): arguments are passed by keyword and new ones are added over time"
-        )
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
     for p in parameters:
         if p.default is not inspect.Parameter.empty or p.kind in (
             inspect.Parameter.VAR_POSITIONAL,
@@ -187,6 +196,13 @@ def _check_signature(fn: Callable[..., Any], what: str, name: str, known: Sequen
                 f"{what} {name}: parameter {p.name!r} is not an argument it is called with "
                 f"(give it a default, or use one of: {', '.join(known)})"
             )
+    if takes_all:
+        return None
+    return tuple(
+        p.name
+        for p in parameters
+        if p.name in known and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    )
 
 
 def _failure_policy(value: str) -> FailurePolicy:
@@ -340,12 +356,12 @@ class Plugin:
         if not points:
             raise PluginDefinitionError("@plugin.on needs at least one hook point")
         parsed = [_hook_point(point) for point in points]
-        when_name = _check_predicate(when, f"plugin {self.name}: when=") if when is not None else ""
+        when_name, when_takes = _check_predicate(when, f"plugin {self.name}: when=") if when is not None else ("", None)
 
         def register(fn: _F) -> _F:
             handler = _check_handler(fn, f"plugin {self.name}: handler", HANDLER_KWARGS)
             if when is not None:
-                handler = replace(handler, when=when, when_name=when_name)
+                handler = replace(handler, when=when, when_name=when_name, when_takes=when_takes)
             for point in parsed:
                 existing = self._handlers.get(point)
                 if existing is not None and existing.fn is not fn:

@@ -16,7 +16,9 @@ RECONCILE_SECONDS_PER_POD for each pod it is given.
 What follows from the policy in force and the runner alone (each plugin's settings for a class,
 whether it is skipped, its handler's fixed arguments) is worked out once per hook point and class
 (PluginRunner._plan) and again whenever the policy, the context or the enabled plugins change;
-a hook call adds only its pod, container, response and logger."""
+a hook call adds only its pod, container, response and logger. A handler is called in one
+place (``_invoke``), with every argument of its kind or, without ``**kwargs``, with the ones it
+names (Handler.takes, worked out when it was registered)."""
 
 from __future__ import annotations
 
@@ -587,7 +589,7 @@ class PluginRunner:
         ``key``: the plugin's name and the hook, as the metrics label the call."""
         started = time.perf_counter()
         try:
-            coro = handler.fn(**kwargs)  # raises only for a call that does not fit its signature
+            coro = _invoke(handler, kwargs)  # raises only for a call that does not fit its signature
             contextvars.copy_context().run(coro.send, None)
         except StopIteration as stop:
             called: _Called = ("ok", "", stop.value)
@@ -607,7 +609,8 @@ class PluginRunner:
         assert handler.when is not None
         started = time.perf_counter()
         try:
-            answer = handler.when(**kwargs)
+            takes = handler.when_takes
+            answer = handler.when(**kwargs) if takes is None else handler.when(**{name: kwargs[name] for name in takes})
             if answer is True or answer is False:  # the usual answers: no more calls
                 return "ok", "", answer
             if inspect.isawaitable(answer):
@@ -630,7 +633,7 @@ class PluginRunner:
         """A handler that may suspend, as a task of its own, within its timeout."""
         started = time.monotonic()
         try:
-            awaitable = handler.fn(**kwargs)
+            awaitable = _invoke(handler, kwargs)
         except Exception as exc:  # the call itself raised before returning a coroutine
             return "error", _reason(exc), None
         try:
@@ -809,8 +812,14 @@ def _in_thread(fn: Callable[[], Any], name: str, finished: Callable[[], None]) -
     return future
 
 
+def _invoke(handler: Handler, kwargs: Mapping[str, Any]) -> Any:
+    """The one place a plugin's handler is called: with all of ``kwargs`` (the arguments of its
+    kind) when it takes ``**kwargs``, else with the ones it names (Handler.takes)."""
+    return handler.fn(**handler.arguments(kwargs))
+
+
 def _run_sync_handler(handler: Handler, kwargs: dict[str, Any]) -> Any:
-    result = handler.fn(**kwargs)
+    result = _invoke(handler, kwargs)
     if inspect.isawaitable(result):
         close = getattr(result, "close", None)
         if callable(close):

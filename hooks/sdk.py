@@ -37,16 +37,17 @@ list: the hook points of its ``@plugin.on`` handlers are what the server registe
 the proxy (unless the policy switches the plugin off for every QoS class), and a hook point
 no plugin runs at answers the empty response (no change).
 
-**Handlers take keyword arguments only, and must accept ``**kwargs``** (checked when the
-handler is registered). The server passes every argument in :data:`HANDLER_KWARGS`; a
-handler names the ones it uses and lets ``**kwargs`` take the rest, so arguments added in
-later versions never break it. That is also the one way to say whether a handler blocks: an
-``async def`` handler runs on the server's event loop (quick, non-blocking work; cancelled past
-its timeout), a plain ``def`` one in a worker thread (it may block; past its timeout its thread
-runs on, detached).
+**Handlers take keyword arguments only** (checked when the handler is registered). A handler
+with ``**kwargs`` gets every argument in :data:`HANDLER_KWARGS` and names the ones it uses; a
+handler without it gets only the arguments it names (``def limit(*, qos, response)``), each of
+which must be one of :data:`HANDLER_KWARGS` (an unknown name is refused at registration). Either
+way, arguments added in later versions never break it. How a handler is written also says
+whether it blocks: an ``async def`` handler runs on the server's event loop (quick, non-blocking
+work; cancelled past its timeout), a plain ``def`` one in a worker thread (it may block; past its
+timeout its thread runs on, detached).
 
 **Filters.** ``@plugin.on(*points, when=predicate)``: a plain function taking the handler's
-keyword arguments (and ``**kwargs``, checked like a handler's), called right before each call;
+keyword arguments (with or without ``**kwargs``, checked like a handler's), called right before each call;
 when it answers false the handler is not called at all (no coroutine, no task, no thread) and the
 call is reported as the plugin skipped (``RunResult.skipped``: ``filtered_reason(handler)``, that is
 ``when=<predicate> is false``; not counted in the call metrics). A predicate that raises fails
@@ -70,59 +71,65 @@ thing (each such overwrite is logged and counted: hooks/overwrites.py). Calls ab
 pods may overlap, so one handler can run several times at once (sync ones in separate
 threads): guard state shared between calls.
 
-**Where things are** (this module only re-exports them; import from here in plugins):
+**What is here.** This module is the whole plugin face: everything a plugin imports from
+runtime-hooks is in ``__all__`` (docs/writing-a-plugin.md lists each name); everything else in
+``runtimeproxy.hooks`` is the server's own and may change. Tests of a plugin use
+:mod:`runtimeproxy.hooks.testkit`.
 
-* hooks/views.py: what handlers see: ``PodInfo``, ``ContainerInfo``, ``Resources``,
-  ``HugepageLimit``, ``ServerContext``.
-* hooks/changes.py: what handlers write: ``HookResponse``, ``ResourceChanges``, ``EnvChanges``.
-* hooks/definition.py: ``Plugin``, its handlers and their checks (``PluginDefinitionError``),
-  the arguments handlers get (``HANDLER_KWARGS``, ``LIFECYCLE_KWARGS``, ``RECONCILE_KWARGS``).
-* hooks/discovery.py: entry points (``discover_plugins``, ``load_entry_point``), ``settings_specs``.
-* hooks/plugin_runner.py: ``PluginRunner``, call outcomes (``RunResult``, ``PluginFailure``,
-  ``HookCallFailed``, ``ReconcileReport``) and ``PluginMetrics``.
-* hooks/convert.py: protobuf conversion (``resources_from_proto``, ``resources_to_proto``) and
-  ``qos_of`` (the pod's class).
-* hooks/settings.py: plugin settings; hooks/qos.py: ``QoSClass`` and how a pod's class is found.
-* hooks/pacing.py: ``paced``, for a reconcile handler that walks many pods without holding the
-  event loop (``async for pod in paced(pods)``): hook calls go on between its slices.
+* Defining a plugin: ``Plugin``, ``HookPoint``, ``HookKind``, ``FailurePolicy``,
+  ``PluginDefinitionError``, the argument names ``HANDLER_KWARGS``, ``LIFECYCLE_KWARGS``,
+  ``RECONCILE_KWARGS`` and ``NODE_HANDLES``.
+* What handlers see: ``PodInfo``, ``ContainerInfo``, ``Resources``, ``HugepageLimit``,
+  ``ServerContext`` (on_start/on_stop's ``server``), ``QoSClass``, ``QoSResolution`` and
+  ``qos_of`` (a pod's class).
+* What handlers write: ``HookResponse``, ``ResourceChanges``, ``EnvChanges``.
+* Settings: ``parsed_by`` and the parsers ``boolean``, ``integer``, ``number``, ``string``,
+  ``choice``, ``percent``, ``percent_range``, ``seconds``; ``feeds`` (a field that becomes a
+  response field carries the bounds the proxy applies to it); ``Invalid``, ``Parser``,
+  ``SectionCheck``, ``SectionSettings``.
+* The node handles: ``CgroupFS``, ``CgroupVersion``, ``CgroupError``, ``shares_to_weight``,
+  ``weight_to_shares``; ``ResctrlFS``, ``ResctrlError``.
+* ``paced``: for a reconcile handler that walks many pods without holding the event loop
+  (``async for pod in paced(pods)``): hook calls go on between its slices.
+* ``discover_plugins`` and ``ENTRY_POINT_GROUP``: how the server finds installed plugins.
 """
 
 from __future__ import annotations
 
 from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
+from .cgroups import CgroupError, CgroupFS, CgroupVersion, shares_to_weight, weight_to_shares
 from .changes import EnvChanges, HookResponse, ResourceChanges
-from .convert import qos_of, resources_from_proto, resources_to_proto
+from .convert import qos_of
 from .definition import (
     HANDLER_KWARGS,
     LIFECYCLE_KWARGS,
     NODE_HANDLES,
     RECONCILE_KWARGS,
     FailurePolicy,
-    Handler,
     Plugin,
     PluginDefinitionError,
 )
-from .discovery import (
-    ENTRY_POINT_GROUP,
-    DiscoveryResult,
-    LoadFailure,
-    discover_plugins,
-    load_entry_point,
-    settings_specs,
-)
+from .discovery import ENTRY_POINT_GROUP, discover_plugins
 from .pacing import paced
-from .plugin_runner import (
-    HookCallFailed,
-    Outcome,
-    PluginFailure,
-    PluginMetrics,
-    PluginRunner,
-    ReconcileReport,
-    RunResult,
-    filtered_reason,
+from .qos import QoSClass, QoSResolution
+from .resctrl_fs import ResctrlError, ResctrlFS
+from .settings import (
+    Invalid,
+    Parser,
+    SectionCheck,
+    SectionSettings,
+    boolean,
+    choice,
+    feeds,
+    integer,
+    number,
+    parsed_by,
+    percent,
+    percent_range,
+    seconds,
+    string,
 )
-from .qos import QoSClass
 from .views import ContainerInfo, HugepageLimit, PodInfo, Resources, ServerContext
 
 __all__ = [
@@ -131,36 +138,43 @@ __all__ = [
     "LIFECYCLE_KWARGS",
     "NODE_HANDLES",
     "RECONCILE_KWARGS",
+    "CgroupError",
+    "CgroupFS",
+    "CgroupVersion",
     "ContainerInfo",
-    "DiscoveryResult",
     "EnvChanges",
     "FailurePolicy",
-    "Handler",
-    "HookCallFailed",
     "HookKind",
     "HookPoint",
     "HookResponse",
     "HugepageLimit",
-    "LoadFailure",
-    "Outcome",
+    "Invalid",
+    "Parser",
     "Plugin",
     "PluginDefinitionError",
-    "PluginFailure",
-    "PluginMetrics",
-    "PluginRunner",
     "PodInfo",
     "QoSClass",
-    "ReconcileReport",
+    "QoSResolution",
+    "ResctrlError",
+    "ResctrlFS",
     "ResourceChanges",
     "Resources",
-    "RunResult",
+    "SectionCheck",
+    "SectionSettings",
     "ServerContext",
+    "boolean",
+    "choice",
     "discover_plugins",
-    "filtered_reason",
-    "load_entry_point",
+    "feeds",
+    "integer",
+    "number",
     "paced",
+    "parsed_by",
+    "percent",
+    "percent_range",
     "qos_of",
-    "resources_from_proto",
-    "resources_to_proto",
-    "settings_specs",
+    "seconds",
+    "shares_to_weight",
+    "string",
+    "weight_to_shares",
 ]

@@ -39,6 +39,9 @@ from functools import cache
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal, Union, get_args, get_origin, get_type_hints
 
+from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
+from runtimeproxy.hookapi.value_bounds import validate_resources
+
 from .qos import QoSClass
 
 if TYPE_CHECKING:
@@ -53,6 +56,7 @@ __all__ = [
     "boolean",
     "build",
     "choice",
+    "feeds",
     "integer",
     "number",
     "parsed_by",
@@ -144,6 +148,47 @@ def integer(low: int | None = None, high: int | None = None, what: str = "an int
 
 
 percent: Final = integer(0, 100, "a percentage")
+
+#: The resources fields a setting may feed (``feeds``): the integer ones the proxy bounds.
+FED_FIELDS: Final = (
+    "cpu_period",
+    "cpu_quota",
+    "cpu_shares",
+    "oom_score_adj",
+    "memory_limit_in_bytes",
+    "memory_swap_limit_in_bytes",
+)
+
+
+def feeds(response_field: str) -> Mapping[str, Any]:
+    """A field's metadata saying its value becomes ``response.resources.<response_field>``
+    (``field(metadata=feeds("cpu_shares"))``): the policy check then refuses what the proxy
+    would discard from the response (``cpu_shares 1 is outside 2..262144``), naming the
+    plugin, class and field; 0 leaves the response field unset and passes."""
+    if response_field not in FED_FIELDS:
+        raise TypeError(f"feeds({response_field!r}): a setting may feed one of {', '.join(FED_FIELDS)}")
+    return MappingProxyType({"parse": _within_response_bounds(response_field), "feeds": response_field})
+
+
+def _within_response_bounds(response_field: str) -> Parser:
+    """The proxy's own check of the field (hookapi/value_bounds.py), so the two never disagree."""
+
+    def parse(value: object, path: str) -> int:
+        if not _is_integer(value):
+            raise Invalid(path, f"must be an integer (it feeds resources.{response_field}), got {show(value)}")
+        assert isinstance(value, int)
+        resources = hook_pb.LinuxContainerResources()
+        try:
+            setattr(resources, response_field, value)
+        except ValueError:  # outside int64: protobuf refuses it
+            problems = [f"{response_field} {value} does not fit a 64-bit integer"]
+        else:
+            problems = validate_resources(resources)
+        if problems:
+            raise Invalid(path, f"the proxy would discard it from the response: {'; '.join(problems)}")
+        return value
+
+    return parse
 
 
 def number(value: object, path: str) -> float:

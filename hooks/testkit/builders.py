@@ -16,8 +16,9 @@ Every default is what a plain pod would have, so a test names only what matters 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
@@ -45,6 +46,7 @@ __all__ = [
     "container_request",
     "kube_qos_of",
     "kubelet_cgroup_parent",
+    "plugin_runner",
     "pod",
     "pod_request",
     "run_plugin",
@@ -323,6 +325,22 @@ async def run_plugin(
         container = container if container is not None else _new_container()
     elif container is not None:
         raise ValueError(f"{hook.value} is a pod hook: it gets no container")
+    async with plugin_runner(plugin, cgroups=cgroups, resctrl=resctrl, policy=policy, dry_run=dry_run) as runner:
+        return await runner.run(hook, pod=pod, container=container)
+
+
+@contextlib.asynccontextmanager
+async def plugin_runner(
+    plugin: Plugin | Iterable[Plugin],
+    *,
+    cgroups: CgroupFS | FakeCgroup | None = None,
+    resctrl: ResctrlFS | FakeResctrl | None = None,
+    policy: policy_mod.Policy | str | None = None,
+    dry_run: bool = False,
+) -> AsyncIterator[PluginRunner]:
+    """The plugins run as ``runtime-hooks serve`` runs them, for several calls sharing one state
+    (the arguments as for :func:`run_plugin`): ``await runner.run(point, pod=..., container=...)``
+    answers a RunResult, ``runner.state_of(name)`` is a plugin's state. Closed on leaving."""
     plugins = [plugin] if isinstance(plugin, Plugin) else list(plugin)
     if isinstance(policy, str):
         policy = policy_mod.loads_policy(policy, specs=settings_specs(plugins))
@@ -335,6 +353,6 @@ async def run_plugin(
     )
     runner = PluginRunner(plugins, context=context, registry=CollectorRegistry(auto_describe=True))
     try:
-        return await runner.run(hook, pod=pod, container=container)
+        yield runner
     finally:
         runner.close()

@@ -43,8 +43,9 @@ from google.protobuf.json_format import MessageToDict
 from hook_servers import Respond, TestHookServer, write_raw_registration
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.reconciler import Reconciler, list_live_pods
-from runtimeproxy.hooks.sdk import Plugin, PluginRunner
+from runtimeproxy.hooks.sdk import Plugin
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as pb

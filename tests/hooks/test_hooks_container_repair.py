@@ -21,9 +21,10 @@ from runtimeproxy.hooks.container_repair import (
     seen_in_cgroup,
 )
 from runtimeproxy.hooks.extended_resources import BATCH_CPU, EXTENDED_RESOURCE_SPEC_ANNOTATION
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import cpu
 from runtimeproxy.hooks.reconciler import LivePods, Reconciler
-from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PluginRunner, PodInfo, ServerContext
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit.builders import container as make_container
 from runtimeproxy.hooks.testkit.builders import pod as make_pod
 from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup

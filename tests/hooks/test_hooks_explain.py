@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from runtimeproxy.hooks import cli as cli_module
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
 from runtimeproxy.hooks.cli import cli
+from runtimeproxy.hooks.discovery import DiscoveryResult
 from runtimeproxy.hooks.explain import (
     DryRunCgroupFS,
     DryRunResctrlFS,
@@ -30,14 +31,7 @@ from runtimeproxy.hooks.plugins import cpuset as cpuset_plugin
 from runtimeproxy.hooks.policy import DEFAULT_POLICY
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.resctrl_fs import ResctrlFS
-from runtimeproxy.hooks.sdk import (
-    ContainerInfo,
-    DiscoveryResult,
-    HookPoint,
-    HookResponse,
-    Plugin,
-    PodInfo,
-)
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo
 from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 from runtimeproxy.hooks.testkit.fake_resctrl import FakeResctrl, make_fake_resctrl

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from runtimeproxy.hooks.discovery import settings_specs
 from runtimeproxy.hooks.plugins import cpu, cpuset, gpu, memory, network, resctrl
 from runtimeproxy.hooks.plugins.cpu import CPUSection, CPUSettings
 from runtimeproxy.hooks.plugins.cpuset import CPUSetSettings
@@ -35,7 +36,7 @@ from runtimeproxy.hooks.policy import (
     loads_policy,
 )
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.sdk import Plugin, PluginDefinitionError, settings_specs
+from runtimeproxy.hooks.sdk import Plugin, PluginDefinitionError
 from runtimeproxy.hooks.settings import SectionSettings
 from strategies import network_bands
 from structlog.testing import capture_logs

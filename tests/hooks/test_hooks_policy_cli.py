@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 from runtimeproxy.hooks import cli as cli_module
 from runtimeproxy.hooks.cli import cli
+from runtimeproxy.hooks.discovery import DiscoveryResult, settings_specs
 from runtimeproxy.hooks.policy import Policy, default_policy, dump_policy, loads_policy
-from runtimeproxy.hooks.sdk import DiscoveryResult, Plugin, discover_plugins, settings_specs
+from runtimeproxy.hooks.sdk import Plugin, discover_plugins
 
 from runtimeproxy.hookapi.hookpoints import HookPoint
 

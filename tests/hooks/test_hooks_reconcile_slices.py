@@ -18,9 +18,10 @@ from runtimeproxy.hooks import pacing
 from runtimeproxy.hooks.cgroups import CgroupFS
 from runtimeproxy.hooks.extended_resources import EXTENDED_RESOURCE_SPEC_ANNOTATION
 from runtimeproxy.hooks.live_pods import LivePods
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import cpu, cpuset, memory
 from runtimeproxy.hooks.reconciler import Reconciler, RoundResult
-from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, Resources, ServerContext
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PodInfo, Resources, ServerContext
 from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v2
 
 PODS = 80  # each pod a few cgroup reads per plugin: a round takes several slices of 1 ms anywhere

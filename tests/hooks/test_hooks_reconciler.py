@@ -20,8 +20,9 @@ from daemons import HOOKS_CLI, Daemon
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import policy as policy_mod
 from runtimeproxy.hooks.cgroups import CgroupFS, PodRoots
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.reconciler import LivePods, Reconciler, list_live_pods
-from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo, ServerContext
+from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit.fake_cgroups import make_fake_cgroup_v2
 from structlog.testing import capture_logs
 from verbose_info import go_json

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.changes import EnvChanges, HookResponse, ResourceChanges
-from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo
+from runtimeproxy.hooks.plugin_runner import PluginRunner
+from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PodInfo
 from runtimeproxy.hooks.views import HugepageLimit
 from structlog.testing import capture_logs
 

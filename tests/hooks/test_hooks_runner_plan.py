@@ -12,15 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import policy as policy_mod
-from runtimeproxy.hooks.sdk import (
-    HANDLER_KWARGS,
-    ContainerInfo,
-    Plugin,
-    PluginRunner,
-    PodInfo,
-    ServerContext,
-    settings_specs,
-)
+from runtimeproxy.hooks.discovery import settings_specs
+from runtimeproxy.hooks.plugin_runner import PluginRunner
+from runtimeproxy.hooks.sdk import HANDLER_KWARGS, ContainerInfo, Plugin, PodInfo, ServerContext
 
 from runtimeproxy.hookapi.hookpoints import HookPoint
 

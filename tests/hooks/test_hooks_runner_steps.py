@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import plugin_runner as runner_mod
 from runtimeproxy.hooks.definition import never_suspends
-from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PluginRunner, PodInfo
+from runtimeproxy.hooks.plugin_runner import PluginRunner
+from runtimeproxy.hooks.sdk import ContainerInfo, Plugin, PodInfo
 
 from runtimeproxy.hookapi.hookpoints import HookPoint
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -19,24 +20,26 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import overwrites
 from runtimeproxy.hooks import policy as policy_mod
+from runtimeproxy.hooks.discovery import settings_specs
+from runtimeproxy.hooks.plugin_runner import HookCallFailed, PluginRunner
 from runtimeproxy.hooks.qos import QoSClass, QoSResolution
 from runtimeproxy.hooks.sdk import (
     HANDLER_KWARGS,
     LIFECYCLE_KWARGS,
     ContainerInfo,
-    HookCallFailed,
     HookResponse,
     HugepageLimit,
     Plugin,
     PluginDefinitionError,
-    PluginRunner,
     PodInfo,
     ResourceChanges,
     Resources,
     ServerContext,
     discover_plugins,
-    settings_specs,
 )
+from runtimeproxy.hooks.testkit import container as container_info
+from runtimeproxy.hooks.testkit import plugin_runner, run_plugin
+from runtimeproxy.hooks.testkit import pod as pod_info
 from structlog.testing import capture_logs
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
@@ -132,18 +135,67 @@ def test_hook_points_follow_from_the_handlers() -> None:
     assert stop is not None and stop.is_async
 
 
-def test_a_handler_without_kwargs_is_rejected_at_registration() -> None:
+async def test_a_handler_without_kwargs_gets_only_the_arguments_it_names() -> None:
     plugin = Plugin("p")
-    with pytest.raises(PluginDefinitionError, match=r"must accept \*\*kwargs"):
+    seen: list[dict[str, Any]] = []
+
+    @plugin.on(CREATE)
+    def named(pod: Any, *, qos: Any, response: HookResponse) -> None:
+        seen.append({"pod": pod, "qos": qos})
+        response.env.set("CLASS", str(qos))
+
+    created = plugin.handler(CREATE)
+    assert created is not None and created.takes == ("pod", "qos", "response")
+    result = await run_plugin(plugin, CREATE, pod=pod_info(qos="BE"), container=container_info())
+    assert result.failures == [] and result.response.env.items() == [("CLASS", "BE")]
+    assert [entry["qos"] for entry in seen] == ["BE"]
+
+
+async def test_a_handler_with_kwargs_gets_every_argument() -> None:
+    plugin = Plugin("p")
+    seen: list[set[str]] = []
+
+    @plugin.on(CREATE)
+    async def everything(**kwargs: Any) -> None:
+        seen.append(set(kwargs))
+
+    created = plugin.handler(CREATE)
+    assert created is not None and created.takes is None
+    await run_plugin(plugin, CREATE, pod=pod_info(), container=container_info())
+    assert seen == [set(HANDLER_KWARGS)]
+
+
+async def test_lifecycle_and_reconcile_handlers_may_omit_kwargs() -> None:
+    plugin = Plugin("p", state=list)
+
+    @plugin.on_start
+    def start(*, server: Any, state: list[str]) -> None:
+        state.append("started")
+
+    @plugin.reconcile
+    async def repair(*, pods: Any, state: list[str]) -> int:
+        state.append(f"reconciled {len(pods)}")
+        return 0
+
+    async with plugin_runner(plugin) as runner:
+        assert await runner.start() == []
+        report = await runner.reconcile_report(pods=[pod_info()])
+        assert report.failures == [] and report.repaired == {"p": 0}
+        assert runner.state_of("p") == ["started", "reconciled 1"]
+
+
+def test_a_handler_naming_an_unknown_argument_is_refused_at_registration() -> None:
+    plugin = Plugin("p")
+    with pytest.raises(PluginDefinitionError, match="parameter 'podd' is not an argument it is called with"):
 
         @plugin.on(CREATE)
-        def handler(pod: Any, response: Any) -> None: ...
+        def handler(*, podd: Any, response: Any) -> None: ...
 
     assert plugin.hook_points == frozenset()
-    with pytest.raises(PluginDefinitionError, match=r"\*\*kwargs"):
+    with pytest.raises(PluginDefinitionError, match="parameter 'pods' is not an argument"):
 
         @plugin.on_start
-        def start(server: Any) -> None: ...
+        def start(*, pods: Any) -> None: ...
 
 
 def test_a_handler_may_name_known_arguments_and_defaults_but_nothing_unknown() -> None:
@@ -929,7 +981,7 @@ async def test_a_failing_reconcile_is_reported_not_raised(make_runner: Any) -> N
 
 
 def test_resource_changes_round_trip_through_the_wire_message() -> None:
-    from runtimeproxy.hooks.sdk import resources_from_proto, resources_to_proto
+    from runtimeproxy.hooks.convert import resources_from_proto, resources_to_proto
 
     changes = ResourceChanges(
         cpu_quota=50000,
@@ -967,7 +1019,7 @@ _INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 def test_every_resource_field_survives_the_wire_message(
     ints: dict[str, int], strings: dict[str, str], unified: dict[str, str], hugepages: list[HugepageLimit]
 ) -> None:
-    from runtimeproxy.hooks.sdk import resources_from_proto, resources_to_proto
+    from runtimeproxy.hooks.convert import resources_from_proto, resources_to_proto
 
     changes = ResourceChanges(**ints, **strings, unified=unified, hugepage_limits=hugepages)
     back = resources_from_proto(resources_to_proto(changes))
@@ -977,17 +1029,33 @@ def test_every_resource_field_survives_the_wire_message(
     assert back.hugepage_limits == tuple(hugepages)
 
 
-def test_the_sdk_re_exports_its_public_api() -> None:
-    from runtimeproxy.hooks import changes, convert, definition, discovery, plugin_runner, sdk, views
+GUIDE = Path(__file__).parents[2] / "docs" / "writing-a-plugin.md"
 
+
+def _documented_sdk_names() -> list[str]:
+    """The names in the first column of the guide's "What the SDK exports" table."""
+    section = GUIDE.read_text().split("## What the SDK exports", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return [name for cell in rows for name in re.findall(r"`([A-Za-z_]+)`", cell)]
+
+
+def test_the_sdk_exports_exactly_the_documented_plugin_face() -> None:
+    from runtimeproxy.hooks import sdk
+
+    documented = _documented_sdk_names()
+    assert len(documented) == len(set(documented))
+    assert sorted(sdk.__all__) == sorted(documented)
     for name in sdk.__all__:
         assert hasattr(sdk, name), name
-    homes = (changes, convert, definition, discovery, plugin_runner, views)
-    public = {name for module in homes for name in module.__all__}
-    assert public <= set(sdk.__all__), public - set(sdk.__all__)
-    for module in homes:
-        for name in module.__all__:
-            assert getattr(sdk, name) is getattr(module, name), name
+    for internal in ("PluginRunner", "PluginMetrics", "RunResult", "settings_specs", "resources_to_proto"):
+        assert not hasattr(sdk, internal), internal
+
+
+def test_the_testkit_exports_resolve() -> None:
+    from runtimeproxy.hooks import testkit
+
+    for name in testkit.__all__:
+        assert hasattr(testkit, name), name
 
 
 # --- discovery ------------------------------------------------------------------------------------

@@ -26,10 +26,12 @@ import grpc.aio
 import pytest
 from click.testing import CliRunner
 from daemons import log_events, reap, spawn_hooks_serve
+from hook_servers import StaticViews
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cli import cli
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.sdk import ContainerInfo, HookResponse, Plugin, PluginRunner, PodInfo, ServerContext
+from runtimeproxy.hooks.sdk import ContainerInfo, HookResponse, Plugin, PodInfo, ServerContext
 from runtimeproxy.hooks.server import REGISTRATION_FILE, RuntimeHooksServer, ServerSettings
 from runtimeproxy.hooks.testkit.fake_cgroups import make_fake_cgroup_v2
 
@@ -368,11 +370,10 @@ async def test_the_proxys_hook_calls_and_runtime_hooks_share_one_limit(short_dir
     try:
         dispatchers = (Dispatcher(registry), Dispatcher(registry, max_message_size=4 * MiB))
         answered: list[int] = []
-        [shared] = await dispatchers[0].run(
-            CREATE, lambda: request, lambda reply: answered.append(len(reply.container_annotations["echo"])) or [], None
-        )
+        echoed = StaticViews(request, lambda reply: answered.append(len(reply.container_annotations["echo"])) or [])
+        [shared] = await dispatchers[0].run(CREATE, echoed, None)
         assert (shared.outcome, answered) == ("ok", [5 * MiB]), shared
-        [smaller] = await dispatchers[1].run(CREATE, lambda: request, lambda reply: [], None)
+        [smaller] = await dispatchers[1].run(CREATE, StaticViews(request), None)
         assert smaller.outcome == "failed" and "RESOURCE_EXHAUSTED" in smaller.error, smaller
         for dispatcher in dispatchers:
             await dispatcher.close()

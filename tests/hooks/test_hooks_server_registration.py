@@ -16,10 +16,13 @@ from typing import Any
 import grpc.aio
 import pytest
 import test_hooks_server
+from hook_servers import StaticViews
 from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks.discovery import settings_specs
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.policy import PolicyWatcher
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.sdk import HookResponse, Plugin, PluginRunner, ServerContext, settings_specs
+from runtimeproxy.hooks.sdk import HookResponse, Plugin, ServerContext
 from runtimeproxy.hooks.server import REGISTRATION_FILE, RuntimeHooksServer, ServerSettings, plugins_in_effect
 from structlog.testing import capture_logs
 from test_hooks_server import container_request, tuner
@@ -152,9 +155,11 @@ async def test_a_call_to_a_dropped_point_before_the_proxy_read_the_new_file_gets
     dispatcher = Dispatcher(node.registry)
     request = container_request().SerializeToString()
     try:
-        [result] = await dispatcher.run(START, lambda: request, lambda reply: ["changed"], None)
+        [result] = await dispatcher.run(START, StaticViews(request, lambda reply: ["changed"]), None)
         assert (result.outcome, result.changes) == ("ok", ())  # empty: nothing to apply
-        [created] = await dispatcher.run(CREATE, lambda: request, lambda reply: list(reply.container_annotations), None)
+        [created] = await dispatcher.run(
+            CREATE, StaticViews(request, lambda reply: list(reply.container_annotations)), None
+        )
         assert created.changes == ("tuned",)  # switchable no longer runs there
     finally:
         await dispatcher.close()

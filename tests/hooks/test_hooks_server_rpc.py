@@ -10,7 +10,7 @@ import pytest
 import test_hooks_server
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks import server as server_mod
-from runtimeproxy.hooks.sdk import PluginRunner
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.server import SERVICE, RuntimeHooksServer, ServerSettings
 from structlog.testing import capture_logs
 from test_hooks_server import container_request, pod_request, tuner

@@ -20,18 +20,18 @@ import pytest
 from fake_dists import make_distribution
 from runtimeproxy.hooks import resctrl_fs as resctrl_mod
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
+from runtimeproxy.hooks.discovery import load_entry_point
+from runtimeproxy.hooks.plugin_runner import HookCallFailed
 from runtimeproxy.hooks.qos import KOORDINATOR_QOS_LABEL, QoSClass
 from runtimeproxy.hooks.resctrl_fs import KernelOps, ResctrlCapacityError, ResctrlFS, ResctrlWriteError
 from runtimeproxy.hooks.sdk import (
     ENTRY_POINT_GROUP,
-    HookCallFailed,
     HookPoint,
     HookResponse,
     Plugin,
     PodInfo,
     Resources,
     discover_plugins,
-    load_entry_point,
     qos_of,
 )
 from runtimeproxy.hooks.server import (

@@ -17,17 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.explain import explain_manifest
+from runtimeproxy.hooks.plugin_runner import HookCallFailed, PluginRunner, filtered_reason
 from runtimeproxy.hooks.plugins.network import handlers as network
-from runtimeproxy.hooks.sdk import (
-    HANDLER_KWARGS,
-    HookCallFailed,
-    HookResponse,
-    Plugin,
-    PluginDefinitionError,
-    PluginRunner,
-    PodInfo,
-    filtered_reason,
-)
+from runtimeproxy.hooks.sdk import HANDLER_KWARGS, HookResponse, Plugin, PluginDefinitionError, PodInfo
 from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.fake_cgroups import make_fake_cgroup_v1
 from structlog.testing import capture_logs
@@ -114,10 +106,6 @@ def _generator_predicate(**kwargs: Any) -> Iterator[bool]:
     yield True
 
 
-def _no_kwargs(*, pod: PodInfo) -> bool:
-    return True
-
-
 def _unknown_argument(*, pods: Any, **kwargs: Any) -> bool:
     return True
 
@@ -132,7 +120,6 @@ def _positional_only(pod: Any, /, **kwargs: Any) -> bool:
         ("not a function", "when= must be a function"),
         (_async_predicate, "must be a plain function"),
         (_generator_predicate, "must be a plain function"),
-        (_no_kwargs, "must accept **kwargs"),
         (_unknown_argument, "parameter 'pods' is not an argument it is called with"),
         (_positional_only, "positional-only parameter 'pod'"),
     ],

@@ -1,26 +1,26 @@
 """Tests of the envstamp plugin, with the runtimeproxy hooks test kit: fake cgroup trees instead of
 /sys/fs/cgroup (the ``fake_cgroup*`` fixtures), pods and containers built with defaults
 (``pod``, ``container``), and the plugin run by the PluginRunner that ``runtime-hooks serve``
-uses (``run_plugin``) or, in one test, by the gRPC server itself (``container_request``)."""
+uses (``run_plugin``, ``plugin_runner``) or, in one test, by the gRPC server itself (``hook_server``)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
-import grpc.aio
 import pytest
 from rtpx_plugin_envstamp import ANNOTATION, ENV_VAR, SOURCE_ANNOTATION, plugin
-from runtimeproxy.hooks.cgroups import CgroupVersion, shares_to_weight, weight_to_shares
-from runtimeproxy.hooks.policy import PolicyError
-from runtimeproxy.hooks.sdk import HookPoint, PluginRunner, ServerContext, discover_plugins
-from runtimeproxy.hooks.server import RuntimeHooksServer, ServerSettings
-from runtimeproxy.hooks.testkit import FakeCgroup, container, container_request, pod, run_plugin
+from runtimeproxy.hooks.sdk import CgroupVersion, HookPoint, discover_plugins, shares_to_weight, weight_to_shares
+from runtimeproxy.hooks.testkit import (
+    FakeCgroup,
+    PolicyError,
+    container,
+    container_request,
+    hook_server,
+    plugin_runner,
+    pod,
+    run_plugin,
+)
 from structlog.testing import capture_logs
-
-from runtimeproxy.api.runtime.v1alpha1 import api_pb2_grpc as hook_grpc
 
 # The test kit's fixtures: fake_cgroup (v1 and v2, cgroupfs and systemd), fake_cgroup_v1,
 # fake_cgroup_v2, fake_resctrl.
@@ -72,28 +72,16 @@ async def test_the_stamp_replaces_a_value_the_container_already_has() -> None:
 
 async def test_through_the_hook_server() -> None:
     """The same call over gRPC, as the proxy makes it: what goes back on the wire."""
-    directory = Path(tempfile.mkdtemp(prefix="envstamp-", dir="/tmp"))  # unix socket paths are short
-    settings = ServerSettings(endpoint=str(directory / "hooks.sock"), hook_config_dir=None, stop_grace=0)
-    runner = PluginRunner([plugin])
-    server = RuntimeHooksServer(runner, settings)
-    try:
-        await server.start()
-        async with grpc.aio.insecure_channel(f"unix://{server.endpoint}") as channel:
-            stubs: Any = hook_grpc  # generated without type hints
-            stub = stubs.RuntimeHookServiceStub(channel)
-            request = container_request(pod=pod(kube_qos="burstable"))  # the request the proxy sends
-            reply = await stub.PreCreateContainerHook(request, timeout=5)
-            # A hook point no plugin handles is not registered; called anyway, it answers "no change".
-            unhandled = await stub.PreStartContainerHook(request, timeout=5)
-        assert [(kv.key, kv.value) for kv in reply.container_env_list] == [(ENV_VAR, b"LS")]
-        assert dict(reply.container_annotations) == {ANNOTATION: "LS", SOURCE_ANNOTATION: "kubernetes-cgroup-parent"}
-        assert not reply.HasField("container_resources")
-        assert unhandled == type(unhandled)()
-        assert server.hook_points == {HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER}
-    finally:
-        await server.stop(0)
-        runner.close()
-        shutil.rmtree(directory, ignore_errors=True)
+    async with hook_server(plugin) as served:
+        request = container_request(pod=pod(kube_qos="burstable"))  # the request the proxy sends
+        reply = await served.call("PreCreateContainerHook", request)
+        # A hook point no plugin handles is not registered; called anyway, it answers "no change".
+        unhandled = await served.call("PreStartContainerHook", request)
+        assert served.hook_points == {HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_START_CONTAINER}
+    assert [(kv.key, kv.value) for kv in reply.container_env_list] == [(ENV_VAR, b"LS")]
+    assert dict(reply.container_annotations) == {ANNOTATION: "LS", SOURCE_ANNOTATION: "kubernetes-cgroup-parent"}
+    assert not reply.HasField("container_resources")
+    assert unhandled == type(unhandled)()
 
 
 # --- settings and state ------------------------------------------------------------------------
@@ -120,16 +108,13 @@ async def test_a_bad_policy_is_refused_with_its_path() -> None:
 
 
 async def test_the_state_counts_stamped_containers_for_the_whole_server(fake_cgroup_v2: FakeCgroup) -> None:
-    runner = PluginRunner([plugin], context=ServerContext(cgroups=fake_cgroup_v2.fs()))
-    try:
+    async with plugin_runner(plugin, cgroups=fake_cgroup_v2) as runner:
         for kube_qos in ("besteffort", "besteffort", "burstable"):
             await runner.run(CREATE, pod=pod(kube_qos=kube_qos), container=container())
         web = pod(kube_qos="burstable", cgroups=fake_cgroup_v2)
         app = container(id=CONTAINER_ID, pod=web, cgroups=fake_cgroup_v2)
         with capture_logs() as logs:
             await runner.run(STARTED, pod=web, container=app)
-    finally:
-        runner.close()
     assert runner.state_of("envstamp") == {"BE": 2, "LS": 1}
     [record] = [r for r in logs if r["event"] == "envstamp: container started"]
     assert record["stamped"] == 3

@@ -22,7 +22,8 @@ from runtimeproxy.hooks.nri.modes import EVENT_POINTS, NOT_IN_NRI, event_mask, e
 from runtimeproxy.hooks.nri.nri_metrics import NriMetrics
 from runtimeproxy.hooks.nri.rpc import RpcError, StatusCode
 from runtimeproxy.hooks.nri.service import NriHooks
-from runtimeproxy.hooks.sdk import HookResponse, Plugin, PluginRunner
+from runtimeproxy.hooks.plugin_runner import PluginRunner
+from runtimeproxy.hooks.sdk import HookResponse, Plugin
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri
 from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint

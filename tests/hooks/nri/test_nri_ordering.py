@@ -13,7 +13,8 @@ from runtimeproxy.hooks.nri.nri_metrics import NriMetrics
 from runtimeproxy.hooks.nri.oom import OomScores
 from runtimeproxy.hooks.nri.ordering import PodQueues
 from runtimeproxy.hooks.nri.service import NriHooks
-from runtimeproxy.hooks.sdk import HookResponse, Plugin, PluginRunner
+from runtimeproxy.hooks.plugin_runner import PluginRunner
+from runtimeproxy.hooks.sdk import HookResponse, Plugin
 from test_nri_mapping import call, nri_container, nri_pod
 from test_nri_oom import CID, fake_process
 

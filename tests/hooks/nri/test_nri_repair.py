@@ -24,8 +24,9 @@ from runtimeproxy.hooks.nri.repair import LANDING_SECONDS, LANDING_SECONDS_PER_U
 from runtimeproxy.hooks.nri.rpc import StatusCode
 from runtimeproxy.hooks.nri.service import NriHooks
 from runtimeproxy.hooks.nri.ttrpc import FrameDecoder, MessageType, encode_frame
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import cpu
-from runtimeproxy.hooks.sdk import HookPoint, Plugin, PluginRunner, ServerContext
+from runtimeproxy.hooks.sdk import HookPoint, Plugin, ServerContext
 from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1
 from structlog.testing import capture_logs
 

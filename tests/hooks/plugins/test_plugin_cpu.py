@@ -23,18 +23,11 @@ from runtimeproxy.hooks.cgroups import (
 )
 from runtimeproxy.hooks.extended_resources import BATCH_CPU
 from runtimeproxy.hooks.extended_resources import EXTENDED_RESOURCE_SPEC_ANNOTATION as SPEC_KEY
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import cpu
 from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.sdk import (
-    ContainerInfo,
-    HookPoint,
-    PluginRunner,
-    PodInfo,
-    ResourceChanges,
-    Resources,
-    ServerContext,
-)
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PodInfo, ResourceChanges, Resources, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, make_fake_cgroup_v1, make_fake_cgroup_v2
 from structlog.testing import capture_logs

@@ -12,10 +12,11 @@ import pytest
 from fake_trees import TREES, fake_tree, tree_id
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cgroups import CgroupFS
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import cpu, cpuset
 from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PluginRunner, PodInfo, Resources, ServerContext
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, Plugin, PodInfo, Resources, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup
 from structlog.testing import capture_logs

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import gpu
 from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, ServerContext
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
 from structlog.testing import capture_logs
 

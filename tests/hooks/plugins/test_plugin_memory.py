@@ -18,6 +18,7 @@ from runtimeproxy.hooks import systemd_units
 from runtimeproxy.hooks.cgroups import CgroupDriver, CgroupVersion
 from runtimeproxy.hooks.extended_resources import BATCH_MEMORY
 from runtimeproxy.hooks.extended_resources import EXTENDED_RESOURCE_SPEC_ANNOTATION as EXTENDED_RESOURCE_SPEC
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import batch_memory
 from runtimeproxy.hooks.plugins.memory import (
     PAGE_SIZE,
@@ -32,7 +33,7 @@ from runtimeproxy.hooks.plugins.memory import (
 )
 from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, Resources, ServerContext
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PodInfo, Resources, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.fake_cgroups import (
     V1_UNLIMITED,

@@ -21,6 +21,7 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion, PodRoots
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import network
 from runtimeproxy.hooks.plugins.network import (
     FALLBACK_LINK_MBIT,
@@ -40,7 +41,7 @@ from runtimeproxy.hooks.plugins.network import (
 )
 from runtimeproxy.hooks.policy import DEFAULT_POLICY
 from runtimeproxy.hooks.qos import QoSClass
-from runtimeproxy.hooks.sdk import HookPoint, PluginRunner, PodInfo, ServerContext
+from runtimeproxy.hooks.sdk import HookPoint, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
 from strategies import network_bands
 

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.cgroups import CgroupDriver, CgroupVersion
+from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import resctrl as resctrl_plugin
 from runtimeproxy.hooks.plugins.resctrl import (
     GROUP_PREFIX,
@@ -31,7 +32,7 @@ from runtimeproxy.hooks.plugins.resctrl import (
 from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.resctrl_fs import ResctrlInfo, l3_mask, mb_value
-from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PluginRunner, PodInfo, ServerContext
+from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PodInfo, ServerContext
 from runtimeproxy.hooks.testkit import policy_from
 from runtimeproxy.hooks.testkit.fake_cgroups import FakeCgroup, KubeQoS, make_fake_cgroup_v1, make_fake_cgroup_v2
 from runtimeproxy.hooks.testkit.fake_resctrl import FakeResctrl, make_fake_resctrl

@@ -28,9 +28,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from runtimeproxy.hooks.cgroups import CgroupError, CgroupFS
-from runtimeproxy.hooks.qos import QoSClass, QoSResolution
-from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo
+from runtimeproxy.hooks.sdk import (
+    CgroupError,
+    CgroupFS,
+    ContainerInfo,
+    HookPoint,
+    HookResponse,
+    Plugin,
+    PodInfo,
+    QoSClass,
+    QoSResolution,
+)
 from structlog.typing import FilteringBoundLogger
 
 __all__ = ["ANNOTATION", "ENV_VAR", "SOURCE_ANNOTATION", "EnvstampSettings", "__version__", "plugin"]
