@@ -184,7 +184,7 @@ class NriPlugin:
         log.info("registered as an NRI plugin", socket=self.settings.socket, plugin=self.name)
 
     def _methods(self, session: _Session) -> dict[tuple[str, str], Method]:
-        """The service's methods, noting this session's Configure, Synchronize and Shutdown."""
+        """The service's methods, noting this connection's Configure, Synchronize and Shutdown."""
         methods = self.hooks.methods()
 
         def noting(name: str, mark: asyncio.Event | None) -> None:

@@ -56,7 +56,7 @@ __all__ = [
     "peer_pid",
 ]
 
-log = structlog.get_logger("runtimeproxy.h2limits")
+log = structlog.get_logger("runtimeproxy.wire.peer_limits")
 
 # Who the peer is, the metric's ``peer`` label: a client of the proxy's socket (kubelet), the
 # runtime behind the relay, a gRPC server our client calls (a hook server, or the runtime for
