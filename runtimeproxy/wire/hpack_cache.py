@@ -53,7 +53,7 @@ class CachingDecoder:
             return cached
         before = self._state()
         headers = _text_headers(self._decoder.decode(block, raw=True))
-        if self._state() == before:
+        if _same_state(before, self._state()):
             if len(self.cache) >= MAX_CACHED_BLOCKS:
                 self.cache.clear()
             self.cache[block] = headers
@@ -61,10 +61,17 @@ class CachingDecoder:
             self.cache.clear()  # the table changed: earlier results may no longer hold
         return headers
 
-    def _state(self) -> tuple[int, int, int]:
-        # An insertion puts a new entry object at the front; a size change shows in maxsize.
+    def _state(self) -> tuple[int, object, int]:
+        # An insertion puts a new entry object at the front; a size change shows in maxsize. The
+        # front entry itself is kept, not its id(): an evicted entry's id may be reused by the
+        # entry inserted in its place.
         entries = self._table.dynamic_entries
-        return len(entries), id(entries[0]) if entries else 0, self._table.maxsize
+        return len(entries), entries[0] if entries else None, self._table.maxsize
+
+
+def _same_state(before: tuple[int, object, int], after: tuple[int, object, int]) -> bool:
+    # Identity for the front entry: an equal (name, value) inserted again still shifts the table.
+    return before[0] == after[0] and before[1] is after[1] and before[2] == after[2]
 
 
 def _text_headers(headers: Any) -> HeaderList:
