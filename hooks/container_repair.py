@@ -182,7 +182,9 @@ def seen_in_cgroup(fs: CgroupFS, parent: str, container_id: str, fields: Iterabl
         if text is not None:
             in_bytes = parse_limit(text, fs.version)
             limit = UNLIMITED if in_bytes is None else in_bytes
-    return Seen(quota, period, shares, cpus, mems, limit, weights=fs.version is CgroupVersion.V2, page_size=PAGE_SIZE)
+    v2 = fs.version is CgroupVersion.V2
+    return Seen(quota, period, shares, cpus, mems, limit, weights=v2, page_size=PAGE_SIZE,
+                conversion=fs.weight_conversion)
 
 
 class ContainerRepair:

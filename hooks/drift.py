@@ -30,7 +30,7 @@ from typing import Final
 
 from runtimeproxy.hookapi.value_bounds import parse_cpuset
 
-from .cgroups import MAX_SHARES, MIN_SHARES, shares_to_weight
+from .cgroups import MAX_SHARES, MIN_SHARES, WeightConversion, shares_to_weight
 from .changes import ResourceChanges
 from .views import Resources
 
@@ -68,7 +68,8 @@ class Seen:
     """A container's values as one source shows them; None where the source does not tell.
 
     ``cpu_quota`` and ``memory_limit_in_bytes``: -1 for no limit. ``weights``: ``cpu_shares`` holds
-    cgroup v2's ``cpu.weight``. ``page_size``: the unit the source keeps memory limits in (1: exact)."""
+    cgroup v2's ``cpu.weight``, made from shares by ``conversion``. ``page_size``: the unit the
+    source keeps memory limits in (1: exact)."""
 
     cpu_quota: int | None = None
     cpu_period: int | None = None
@@ -78,6 +79,7 @@ class Seen:
     memory_limit_in_bytes: int | None = None
     weights: bool = False
     page_size: int = 1
+    conversion: WeightConversion = WeightConversion.LINEAR
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ def _drifts(wanted: ResourceChanges, seen: Seen) -> Iterator[Drift]:
         yield Drift("cpu_period", seen.cpu_period, wanted.cpu_period)
     if wanted.cpu_shares > 0 and seen.cpu_shares is not None:
         if seen.weights:
-            want = shares_to_weight(_bounded_shares(wanted.cpu_shares))
+            want = shares_to_weight(_bounded_shares(wanted.cpu_shares), seen.conversion)
             if seen.cpu_shares != want:
                 yield Drift("cpu_weight", seen.cpu_shares, want)
         elif seen.cpu_shares != wanted.cpu_shares:

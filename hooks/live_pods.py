@@ -17,7 +17,7 @@ creation. Checked against containerd 1.6.20 and 1.7.24 (tests/hooks/test_hooks_l
   (:func:`runtimeproxy.runtime_state.current_resources`).
 
 So a round gives what loading every object in full gives. Not checked: a runtime that implements
-UpdatePodSandboxResources (neither test-bed series does) and records it in the sandbox's info would
+UpdatePodSandboxResources (no test-bed series does) and records it in the sandbox's info would
 not be seen for a known pod. Only complete entries are kept: a
 partial one (built from list data because a status call failed, or from a status without a config)
 or an unreadable one is loaded in full again next round, as before. An object no longer listed as

@@ -1,8 +1,8 @@
 """Shared fixtures. End-to-end tests run against a real containerd: they never skip.
 
 Every test that uses the `containerd` fixture runs once per containerd series the test bed
-has (runtimes.SERIES_SUITES: Debian bookworm's 1.6 and trixie's 1.7, the latter fetched
-into a cache by .ci/system-deps.sh). ``@pytest.mark.containerd_series("1.7")`` pins a test
+has (runtimes.SERIES_SUITES: Debian bookworm's 1.6, trixie's 1.7 and sid's 2.x, the latter two
+fetched into a cache by .ci/system-deps.sh). ``@pytest.mark.containerd_series("1.7")`` pins a test
 or module to the series named; RUNTIMEPROXY_CONTAINERD_SERIES="1.7" narrows a local run
 (tests pinned to other series keep theirs).
 """
@@ -73,11 +73,11 @@ def _testbed_problems(build: ContainerdBuild | None) -> list[str]:
 
 
 def start_testbed(series: str, **options: Any) -> Containerd:
-    """A started containerd test bed of `series` ("1.6", "1.7"); `options` go to Containerd
+    """A started containerd test bed of `series` ("1.6", "1.7", "2.x"); `options` go to Containerd
     (``nri=True``, say).
 
     Fails, never skips, when the machine cannot run it: a CI that lacks containerd
-    or the cached 1.7 build must go red, not green. `bash .ci/system-deps.sh` installs
+    or a cached build must go red, not green. `bash .ci/system-deps.sh` installs
     and fetches what is needed.
     """
     build: ContainerdBuild | None = None

@@ -1,7 +1,7 @@
 """A real containerd started as a plain subprocess in a fresh temporary root.
 
 Everything it owns lives under `root_dir` (config, content, state, runc root, netns
-mounts, CNI IPAM data, log) except what containerd (1.6 and 1.7 alike) and CNI
+mounts, CNI IPAM data, log) except what containerd (1.6, 1.7 and 2.x alike) and CNI
 hard-code on the host: shim sockets in /run/containerd/s, CNI result caches in
 /var/lib/cni/results, the CNI bridge link, and cgroups (under `cgroup_prefix` when callers use
 `cgroup_parent()`, else /k8s.io/<id>). `stop()` removes all of those. It runs the
@@ -204,9 +204,15 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def render_nri(root: Path, socket: Path) -> str:
-    """containerd 1.7's NRI section: on, serving ``socket``, no pre-installed plugins (the
-    directories under ``root`` stay empty). 1.6 has no NRI and must not get it."""
+def render_nri(root: Path, socket: Path | None) -> str:
+    """The NRI section: with ``socket``, on and serving it with no pre-installed plugins
+    (the directories under ``root`` stay empty); without, explicitly off, since 2.x turns
+    NRI on by default on the host's NRI socket. 1.6 has no NRI and must not get it."""
+    if socket is None:
+        return """
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+"""
     return f"""
 [plugins."io.containerd.nri.v1.nri"]
   disable = false
@@ -216,18 +222,14 @@ def render_nri(root: Path, socket: Path) -> str:
 """
 
 
-def render_config(root: Path, sandbox_image: str, snapshotter: str, cni_conf_dir: Path,
-                  nri_socket: Path | None = None) -> str:
-    """containerd config (version 2): no TCP listeners but the loopback stream server; with
-    ``nri_socket``, NRI enabled on it (render_nri)."""
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
-    nri = render_nri(root, nri_socket) if nri_socket is not None else ""
-    return f"""version = 2
+def _render_daemon(root: Path, version: int, disabled_plugins: tuple[str, ...]) -> str:
+    """The top of a config: its own root, state, sockets; no debug or metrics listener."""
+    disabled = ", ".join(_q(name) for name in disabled_plugins)
+    return f"""version = {version}
 root = {_q(str(root / "root"))}
 state = {_q(str(root / "state"))}
 oom_score = 0
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+disabled_plugins = [{disabled}]
 
 [grpc]
   address = {_q(str(root / "containerd.sock"))}
@@ -241,6 +243,37 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 [plugins."io.containerd.internal.v1.opt"]
   path = {_q(str(root / "opt"))}
+"""
+
+
+# Snapshotters that would probe or claim host devices and paths: never used here.
+_UNUSED_SNAPSHOTTERS = ("io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                        "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper")
+_UNUSED_2X = ("io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs",
+              "io.containerd.differ.v1.erofs")
+
+
+def _render_runc(table: str, root: Path) -> str:
+    """The runc runtime (cgroupfs driver, runc state under ``root``) at ``table``."""
+    return f"""    default_runtime_name = "runc"
+    [{table}.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{table}.runtimes.runc.options]
+        Root = {_q(str(root / "runc"))}
+        SystemdCgroup = false
+"""
+
+
+def render_config(root: Path, sandbox_image: str, snapshotter: str, cni_conf_dir: Path,
+                  nri_socket: Path | None = None, *, major: int = 1) -> str:
+    """containerd config for a build of major version ``major``: version 2 for 1.x, version
+    3 for 2.x (render_config_v3). No TCP listeners but the loopback stream server; NRI as
+    render_nri says (1.6, which has none, gets no section unless asked)."""
+    if major >= 2:
+        return render_config_v3(root, sandbox_image, snapshotter, cni_conf_dir, nri_socket)
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    nri = render_nri(root, nri_socket) if nri_socket is not None else ""
+    return _render_daemon(root, 2, _UNUSED_SNAPSHOTTERS) + f"""
 [{cri}]
   sandbox_image = {_q(sandbox_image)}
   # runc may not write oom_score_adj -998 here: without this every pod fails.
@@ -255,13 +288,36 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     conf_dir = {_q(str(cni_conf_dir))}
   [{cri}.containerd]
     snapshotter = {_q(snapshotter)}
-    default_runtime_name = "runc"
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        Root = {_q(str(root / "runc"))}
-        SystemdCgroup = false
-{nri}"""
+{_render_runc(f"{cri}.containerd", root)}{nri}"""
+
+
+def render_config_v3(root: Path, sandbox_image: str, snapshotter: str, cni_conf_dir: Path,
+                     nri_socket: Path | None = None) -> str:
+    """containerd 2.x config (version 3): the CRI plugin is split into a runtime part, an
+    images part and the server (stream) part; NRI is set either way (render_nri)."""
+    runtime = 'plugins."io.containerd.cri.v1.runtime"'
+    images = 'plugins."io.containerd.cri.v1.images"'
+    return _render_daemon(root, 3, _UNUSED_SNAPSHOTTERS + _UNUSED_2X) + f"""
+[{images}]
+  snapshotter = {_q(snapshotter)}
+  [{images}.pinned_images]
+    sandbox = {_q(sandbox_image)}
+[{runtime}]
+  # runc may not write oom_score_adj -998 here: without this every pod fails.
+  restrict_oom_score_adj = true
+  # Pod netns mounts go under our state dir instead of /var/run/netns.
+  netns_mounts_under_state_dir = true
+  enable_selinux = false
+  enable_cdi = false
+  [{runtime}.cni]
+    bin_dirs = [{_q(CNI_BIN_DIR)}]
+    conf_dir = {_q(str(cni_conf_dir))}
+  [{runtime}.containerd]
+{_render_runc(f"{runtime}.containerd", root)}
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+{render_nri(root, nri_socket)}"""
 
 
 def render_cni_conflist(name: str, bridge: str, subnet: str, ipam_dir: Path) -> str:
@@ -564,7 +620,8 @@ class Containerd:
             (self.cni_conf_dir / "10-testbed.conflist").write_text(conflist)
         self.config_path.write_text(render_config(self.root_dir, self.pause_image,
                                                   self.snapshotter, self.cni_conf_dir,
-                                                  self.nri_socket if self.nri else None))
+                                                  self.nri_socket if self.nri else None,
+                                                  major=self.build.major))
         self._build_images()
         self._prepared = True
         self.timings["prepare"] = time.monotonic() - began
@@ -690,7 +747,7 @@ class Containerd:
         return files
 
     def _shim_socket_name(self, cid: str) -> str:
-        # containerd 1.6 and 1.7 runtime/v2/shim: sha256 of filepath.Join(address, ns, id).
+        # containerd 1.6, 1.7 and 2.x shims: sha256 of filepath.Join(address, ns, id).
         return hashlib.sha256(f"{self.socket}/{NAMESPACE}/{cid}".encode()).hexdigest()
 
     def _remove_host_dirs(self) -> None:

@@ -1,10 +1,11 @@
 """The containerd builds the test bed runs: the system's, and Debian releases' extracted
 into a cache directory (never installed over the system's).
 
-The end-to-end suites run against two containerd series: 1.6 (Debian bookworm) and 1.7
-(Debian trixie). Whichever of them the system has installed is used from PATH; the other
-is fetched with apt from the Debian mirror the system's apt already uses (a second
-sources entry for the other suite, with apt's own lists, cache and source files so the
+The end-to-end suites run against three containerd series: 1.6 (Debian bookworm), 1.7
+(Debian trixie) and 2.x (whichever 2.x release Debian sid ships). Whichever of them the
+system has installed is used from PATH; the others are fetched with apt from the Debian
+mirror the system's apt already uses (a second sources entry for the other suite, with
+apt's own lists, cache and source files so the
 system's apt state stays as it was), and unpacked with ``dpkg-deb -x`` into
 ``<cache>/containerd-<version>/``. The cache is ``$RUNTIMEPROXY_RUNTIME_CACHE``, else
 /var/cache/runtimeproxy-testbed.
@@ -37,10 +38,13 @@ DEFAULT_CACHE = Path("/var/cache/runtimeproxy-testbed")
 APT_ETC = Path("/etc/apt")
 OS_RELEASE = Path("/etc/os-release")
 # The binaries a test bed needs from one build: the daemon, its runc shim, and ctr for
-# image import. runc itself comes from the system (bookworm's runs 1.7 fine).
+# image import. runc itself comes from the system (bookworm's runs 1.7 and 2.x fine; sid's
+# runc needs a newer glibc than bookworm has).
 BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
-# Each series the suites cover, and the Debian suite that ships it.
-SERIES_SUITES = {"1.6": "bookworm", "1.7": "trixie"}
+# Each series the suites cover, and the Debian suite that ships it. "2.x" follows a whole
+# major line: whatever 2.x release sid has is that series (the cache directory is named
+# after the exact version, so a new release is fetched beside the old one).
+SERIES_SUITES = {"1.6": "bookworm", "1.7": "trixie", "2.x": "sid"}
 _VERSION = re.compile(r"v?(?:\d+:)?(\d+)\.(\d+)\.(\d+)")
 
 
@@ -61,8 +65,10 @@ def upstream_version(text: str) -> str:
 
 
 def series_of(version: str) -> str:
-    """"1.7" for "1.7.24"."""
-    return ".".join(upstream_version(version).split(".")[:2])
+    """"1.7" for "1.7.24"; "2.x" for "2.1.9", since the series "2.x" covers the major line."""
+    major, minor, _patch = upstream_version(version).split(".")
+    whole_line = f"{major}.x"
+    return whole_line if whole_line in SERIES_SUITES else f"{major}.{minor}"
 
 
 def binary_version(binary: str, env: dict[str, str] | None = None) -> str:
@@ -96,6 +102,11 @@ class ContainerdBuild:
     @property
     def series(self) -> str:
         return series_of(self.version)
+
+    @property
+    def major(self) -> int:
+        """1 for "1.7.24": which config format and defaults the daemon has."""
+        return int(self.version.split(".")[0])
 
     @property
     def label(self) -> str:

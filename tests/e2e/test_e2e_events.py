@@ -1,19 +1,22 @@
-"""GetContainerEvents through the proxy (``runtime-proxy serve``) against a real containerd 1.7,
-with and without hook servers registered.
+"""GetContainerEvents through the proxy (``runtime-proxy serve``) against a real containerd 1.7
+and 2.x, with and without hook servers registered.
 
 containerd 1.6 answers GetContainerEvents with UNIMPLEMENTED (tests/e2e/test_e2e_proxy.py checks
-the proxy relays that as it is); 1.7 streams events, and how it does so shapes what a client
-sees (containerd 1.7 ``GetContainerEvents``, containerd/containerd#7318):
+the proxy relays that as it is). 1.7 and 2.x stream events, and how each does so shapes what a
+client sees:
 
-* every open stream reads from one shared channel: each event goes to ONE of the open
-  streams (the longest waiting), not to all of them;
-* the handler does not watch its context: a stream whose client cancelled ends only when the
-  next event is handed to it. That event is lost: N cancelled streams swallow the next N
-  events. Events raised while no stream is open wait in the channel for the next one.
+* 1.7 (``GetContainerEvents``, containerd/containerd#7318): every open stream reads from one
+  shared channel, so each event goes to ONE of the open streams (the longest waiting), not to
+  all of them; and the handler does not watch its context: a stream whose client cancelled
+  ends only when the next event is handed to it. That event is lost: N cancelled streams
+  swallow the next N events. Events raised while no stream is open wait in the channel for
+  the next one.
+* 2.x: each stream subscribes on its own, so every event goes to every open stream, and a
+  cancelled stream ends at once, taking no event with it.
 
-The cancel test relies on exactly that: once the client cancel reaches containerd, the dead
-stream takes one event and ends, and every later event reaches the live stream. A cancel that
-never reached containerd would leave the dead stream taking its share of events for ever.
+On 1.7 the cancel test relies on exactly that: once the client cancel reaches containerd, the
+dead stream takes one event and ends, and every later event reaches the live stream. A cancel
+that never reached containerd would leave the dead stream taking its share of events for ever.
 The same counts hold calling containerd directly, so the proxy adds nothing of its own.
 
 Each test gets a fresh containerd (`fresh_containerd`): events of other tests would otherwise
@@ -44,6 +47,10 @@ from runtimeproxy.testbed import Containerd
 
 pytestmark = pytest.mark.e2e
 
+# Whether a series hands each event to one open stream (a shared channel whose cancelled
+# streams each take one more event) or to every open stream.
+SHARED_CHANNEL = {"1.7": True, "2.x": False}
+
 CALL_TIMEOUT = 30.0
 EVENTS_PATH = "/runtime.v1.RuntimeService/GetContainerEvents"
 CREATED, STARTED = pb.CONTAINER_CREATED_EVENT, pb.CONTAINER_STARTED_EVENT
@@ -51,7 +58,7 @@ STOPPED, DELETED = pb.CONTAINER_STOPPED_EVENT, pb.CONTAINER_DELETED_EVENT
 
 
 def lifecycle_events(sandbox_id: str, container_id: str) -> list[tuple[str, int]]:
-    """What containerd 1.7 emits for `Node.pod_lifecycle`, in order."""
+    """What containerd emits for `Node.pod_lifecycle`, in order (1.7 and 2.x alike)."""
     s, c = sandbox_id, container_id
     return [
         (s, CREATED),
@@ -102,7 +109,7 @@ async def wait_for(condition: Any, timeout: float = 10.0) -> None:
 
 @dataclass
 class Node:
-    """A fresh containerd 1.7, the proxy daemon in front of it, and clients of both."""
+    """A fresh containerd (1.7 or 2.x), the proxy daemon in front of it, and clients of both."""
 
     bed: Containerd
     layout: ProxyAndHooks
@@ -110,6 +117,10 @@ class Node:
     direct: Any  # RuntimeServiceStub on containerd's socket
     proxied: Any  # RuntimeServiceStub on the proxy's socket
     hook_servers: list[TestHookServer] = field(default_factory=list)
+
+    @property
+    def shared_channel(self) -> bool:
+        return SHARED_CHANNEL[self.bed.build.series]
 
     def stub(self, path: str) -> Any:
         return self.direct if path == "direct" else self.proxied
@@ -178,9 +189,9 @@ class Node:
         )
 
 
-@pytest.fixture
-def layout(fresh_containerd: Any) -> Iterator[ProxyAndHooks]:
-    bed = fresh_containerd("1.7")
+@pytest.fixture(params=list(SHARED_CHANNEL), ids=[f"containerd{s}" for s in SHARED_CHANNEL])
+def layout(fresh_containerd: Any, request: pytest.FixtureRequest) -> Iterator[ProxyAndHooks]:
+    bed = fresh_containerd(request.param)
     layout = ProxyAndHooks(bed, "rtpxev-")
     try:
         yield layout
@@ -239,11 +250,11 @@ async def test_pod_lifecycle_events_arrive_through_the_proxy(node: Node, hooks: 
         ]
 
 
-async def test_open_streams_share_the_events(node: Node) -> None:
-    """containerd 1.7 hands each event to one open stream (containerd/containerd#7318): two clients
-    each see part of the events, together all of them, none twice. Through the proxy as
-    directly: kubelet, the one reader on a node, sees every event; a second reader (crictl
-    events) takes events away from it."""
+async def test_open_streams_get_the_series_share_of_events(node: Node) -> None:
+    """Two clients, through the proxy as directly. containerd 1.7 hands each event to one open
+    stream (containerd/containerd#7318): each client sees part of the events, together all of
+    them, none twice; kubelet, the one reader on a node, sees every event, and a second reader
+    (crictl events) takes events away from it. 2.x gives each stream every event."""
     first, second = EventStream(node.proxied), EventStream(node.proxied)
     try:
         # Both streams are open at containerd once each has had an event.
@@ -253,11 +264,18 @@ async def test_open_streams_share_the_events(node: Node) -> None:
         await wait_for(lambda: first.events and second.events)
         ids = (sandbox_id, *created)
         expected = [(sandbox_id, CREATED), (sandbox_id, STARTED)] + [(cid, CREATED) for cid in created]
-        await wait_for(lambda: len(first.seen(*ids)) + len(second.seen(*ids)) >= len(expected))
-        got_first, got_second = first.seen(*ids), second.seen(*ids)
-        assert sorted(got_first + got_second) == sorted(expected)
-        assert not set(got_first) & set(got_second)
-        assert got_first and got_second
+        if node.shared_channel:
+            await wait_for(lambda: len(first.seen(*ids)) + len(second.seen(*ids)) >= len(expected))
+            got_first, got_second = first.seen(*ids), second.seen(*ids)
+            assert sorted(got_first + got_second) == sorted(expected)
+            assert not set(got_first) & set(got_second)
+            assert got_first and got_second
+        else:
+            # Events raised before a stream opened are not replayed to it: compare from the
+            # first container on, which both streams were open for.
+            later = expected[2:]
+            await wait_for(lambda: min(len(first.seen(*created)), len(second.seen(*created))) >= len(later))
+            assert first.seen(*created) == second.seen(*created) == later
     finally:
         await first.cancel()
         await second.cancel()
@@ -287,14 +305,16 @@ async def test_a_client_cancel_reaches_containerd(node: Node, path: str, dead: i
         await stream.cancel()
     if path != "direct":
         await asyncio.to_thread(eventually, lambda: node.cancelled_calls() >= dead, 10.0, node.proxy.log)
-    # 3. A live stream, then a pod's whole life: the first `dead` events go to the dead
+    # 3. A live stream, then a pod's whole life. 1.7: the first `dead` events go to the dead
     # streams (waiting longest), which end on them; all later events reach the live one.
+    # 2.x: the dead streams ended at the cancel and take nothing.
     live = EventStream(stub)
+    swallowed = dead if node.shared_channel else 0
     try:
         pod_id, container_id = await node.pod_lifecycle(stub, "after-cancel")
         expected = lifecycle_events(pod_id, container_id)
         await wait_for(lambda: (pod_id, DELETED) in live.seen(pod_id, container_id))
-        assert live.seen(pod_id, container_id) == expected[dead:]
+        assert live.seen(pod_id, container_id) == expected[swallowed:]
         # And nothing is lost any more: the dead streams are gone from containerd.
         again = await node.pod_lifecycle(stub, "later")
         await wait_for(lambda: (again[0], DELETED) in live.seen(*again))

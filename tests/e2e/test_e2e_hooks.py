@@ -773,3 +773,32 @@ async def test_restart_between_create_and_start_keeps_hook_context(bed: HookBed)
     assert started.container_resources == want_resources
     assert env_pairs(started) == [*env_pairs(created), ("HOOKED", b"h=1")]
     assert cgroup_file(pod.linux.cgroup_parent, container_id, "cpu.cfs_quota_us") == "50000"
+
+
+# -- UpdatePodSandboxResources: no runtime in reach implements it -------------------------------
+
+
+@pytest.mark.parametrize("hooks", [False, True], ids=["no-hooks", "hooks"])
+async def test_update_pod_sandbox_resources_is_refused_as_the_runtime_refuses_it(bed: HookBed, hooks: bool) -> None:
+    """No test-bed series implements UpdatePodSandboxResources (1.6 and 1.7 do not know the
+    method, 2.x answers UNIMPLEMENTED): through the proxy the caller gets the runtime's own
+    refusal, with hook servers registered on every hook point or none. The hook answer is
+    relayed like any other, so PreUpdatePodSandboxResources runs, and its refusal is the
+    runtime's alone."""
+    server = None
+    if hooks:
+        server = (await bed.server("resize")).respond_all()
+        await bed.register(server, policy="Fail", hooks=list(HookPoint))
+    pod, sandbox_id, _container_id = await bed.pod_with_container()
+    request = cri.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=sandbox_id, overhead=POD_OVERHEAD, resources=POD_RESOURCES
+    )
+    through = await rpc_error(bed.rs.UpdatePodSandboxResources(request, timeout=CALL_TIMEOUT))
+    straight = await rpc_error(bed.direct.UpdatePodSandboxResources(request, timeout=CALL_TIMEOUT))
+    assert through.code() == straight.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert through.details() == straight.details()
+    if server is not None:
+        asked = server.last(P.PRE_UPDATE_POD_SANDBOX_RESOURCES)
+        assert asked.pod_sandbox_id == sandbox_id
+        assert asked.resources == as_hook(POD_RESOURCES)
+    assert await bed.sandboxes_of(pod.metadata.uid) == [sandbox_id]  # the pod is untouched

@@ -1,6 +1,6 @@
-"""runtime-hooks as an NRI plugin of the real containerd 1.7, with no proxy in the path.
+"""runtime-hooks as an NRI plugin of a real containerd (1.7 and 2.x), with no proxy in the path.
 
-The test bed is trixie's containerd 1.7.24 with NRI on (``Containerd(nri=True)``: its socket in
+The test bed is trixie's containerd 1.7 or sid's 2.x with NRI on (``Containerd(nri=True)``: its socket in
 the bed's temporary root). ``runtime-hooks serve --nri-socket`` runs as a subprocess with the
 built-in plugins, the example plugin (envstamp) and the fake resctrl tree of
 tests/e2e/test_e2e_runtime_hooks.py; pods are created with the CRI client directly on containerd.
@@ -55,7 +55,7 @@ from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 
-pytestmark = [pytest.mark.e2e, pytest.mark.containerd_series("1.7")]
+pytestmark = [pytest.mark.e2e, pytest.mark.containerd_series("1.7", "2.x")]
 
 REPO = Path(__file__).resolve().parents[2]
 ENVSTAMP_SRC = REPO / "examples" / "rtpx-plugin-envstamp" / "src" / "rtpx_plugin_envstamp"
@@ -65,9 +65,10 @@ REGISTERED_TIMEOUT = 20.0
 
 
 @pytest.fixture(scope="module")
-def nri_containerd() -> Iterator[Containerd]:
-    """containerd 1.7 with NRI on, for this module only (the shared beds have it off)."""
-    bed = start_testbed("1.7", nri=True)
+def nri_containerd(containerd: Containerd) -> Iterator[Containerd]:
+    """A containerd of the shared bed's series with NRI on, for this module only (the shared
+    beds have it off)."""
+    bed = start_testbed(containerd.build.series, nri=True)
     yield bed
     bed.stop()
 
@@ -221,7 +222,7 @@ def test_nri_plugin_reconnects_after_a_containerd_restart(node: NriNode) -> None
     assert node.hooks is not None
     node.containerd.restart()
     lost = node.hooks.wait_record(lambda r: r.get("event") == "NRI connection lost; reconnecting", REGISTERED_TIMEOUT)
-    # containerd 1.7 (NRI 0.6.1) sends no Shutdown request when it stops: the connection just ends
+    # containerd 1.7 (NRI 0.6.1) and 2.1 send no Shutdown request when they stop: the connection just ends
     assert lost["reason"] == "the runtime closed the connection", node.hooks_log()
     assert not [r for r in node.hooks.records() if r.get("event") == "the runtime is shutting NRI down"]
     again = node.hooks.wait_record(lambda r: r.get("event") == "NRI plugin re-registered", REGISTERED_TIMEOUT)

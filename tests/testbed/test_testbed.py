@@ -6,6 +6,7 @@ import ipaddress
 import os
 import shutil
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,6 +165,31 @@ def test_stop_leaves_nothing_behind(containerd: Containerd) -> None:
         other.stop()
     assert other.leftovers() == []
     assert not other.root_dir.exists()
+
+
+def test_nri_is_off_unless_asked(bed: Containerd) -> None:
+    """A test bed made without NRI never serves it: 2.x, whose NRI is on by default on the
+    host's socket, gets it switched off in its config; 1.x (off by default; 1.6 has no NRI)
+    no section."""
+    config = tomllib.loads(bed.config_path.read_text())
+    nri = config.get("plugins", {}).get("io.containerd.nri.v1.nri")
+    assert nri == (None if bed.build.major == 1 else {"disable": True})
+    assert "created NRI interface" not in bed.log_path.read_text()
+    assert not bed.nri_socket.exists()
+
+
+def test_config_format_follows_the_major_version(bed: Containerd) -> None:
+    """1.x reads config version 2 with one CRI plugin; 2.x reads version 3, whose CRI
+    settings are split into a runtime and an images plugin."""
+    config = tomllib.loads(bed.config_path.read_text())
+    plugins = set(config["plugins"])
+    if bed.build.major >= 2:
+        assert config["version"] == 3
+        assert {"io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"} <= plugins
+        assert "sandbox_image" not in config["plugins"]["io.containerd.grpc.v1.cri"]
+    else:
+        assert config["version"] == 2
+        assert not plugins & {"io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"}
 
 
 def test_failed_start_reports_the_log_tail(containerd: Containerd) -> None:

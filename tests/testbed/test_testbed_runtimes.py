@@ -83,7 +83,15 @@ def test_upstream_version_of_debian_and_upstream_strings(
 ) -> None:
     text = f"{prefix}{major}.{minor}.{patch}{suffix}"
     assert upstream_version(text) == f"{major}.{minor}.{patch}"
-    assert series_of(text) == f"{major}.{minor}"
+    assert series_of(text) == (f"{major}.x" if major == 2 else f"{major}.{minor}")
+
+
+@pytest.mark.parametrize(("version", "series"), [("1.6.20", "1.6"), ("1.7.24~ds1", "1.7"),
+                                                 ("2.1.9~ds1-1", "2.x"), ("2.0.0", "2.x"),
+                                                 ("3.0.1", "3.0")])
+def test_series_of_follows_the_matrix(version: str, series: str) -> None:
+    """The 2.x series takes any 2.x release; other series are major.minor."""
+    assert series_of(version) == series
 
 
 @given(st.text(max_size=40))
@@ -320,7 +328,7 @@ def test_cache_dir_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
 
 def test_ensure_refuses_an_unknown_series(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeFetchError, match=r"unknown containerd series '0\.1' \(known: 1\.6, 1\.7\)"):
+    with pytest.raises(RuntimeFetchError, match=r"unknown containerd series '0\.1' \(known: 1\.6, 1\.7, 2\.x\)"):
         runtimes.ensure("0.1", tmp_path)
 
 
