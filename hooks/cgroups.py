@@ -28,16 +28,19 @@ with :class:`CgroupPathError`. Files are opened with ``O_NOFOLLOW``; a write is 
 ``write(2)``, as the kernel wants for cgroup files.
 
 **Where writes may go** (:class:`PodRoots`): reads may look anywhere under the root, but
-:meth:`CgroupFS.write` and :meth:`CgroupFS.create_pod_cgroup` change only pod cgroups and
-what lies below them (containers), under the configured pod roots: kubelet's ``/kubepods``
+:meth:`CgroupFS.write` changes only pod cgroups and what lies below them (containers), and
+the QoS-tier cgroups themselves, under the configured pod roots: kubelet's ``/kubepods``
 (cgroupfs driver) and ``kubepods.slice`` (systemd driver) by default, its ``--cgroup-root``
 in front when it has one. A pod cgroup is a proper descendant of a root, other than the
-QoS-class cgroups kubelet keeps right below it (``besteffort``, ``burstable``,
-``kubepods-besteffort.slice``...). Anything else (the root cgroup, ``/system.slice``, a
-root or QoS-class cgroup itself) is refused with :class:`CgroupScopeError`, and so is a
-path that passes through a symlink below the hierarchy root (the kernel makes none there).
-The one write above a pod cgroup is the one kubelet makes too: enabling a controller in an
-ancestor's ``cgroup.subtree_control`` (v2) while the pod cgroup is created.
+QoS-tier cgroups kubelet keeps right below it (``besteffort``, ``burstable``,
+``kubepods-besteffort.slice``...). A tier is written only in itself, as Koordinator keeps
+values there (:meth:`PodRoots.tiers`); nothing below a tier but pods, and no tier is ever
+created. Anything else (the root cgroup, ``/system.slice``, a root itself, a container id
+under a tier) is refused with :class:`CgroupScopeError`, and so is a path that passes
+through a symlink below the hierarchy root (the kernel makes none there).
+:meth:`CgroupFS.create_pod_cgroup` makes pod cgroups only. The one write above a pod cgroup
+besides the tiers is the one kubelet makes too: enabling a controller in an ancestor's
+``cgroup.subtree_control`` (v2) while the pod cgroup is created.
 
 File names differ between versions; :data:`FILES` maps the settings plugins use to each
 version's file, and the ``set_*`` helpers write the right file in the right format::
@@ -73,6 +76,7 @@ from __future__ import annotations
 import enum
 import errno
 import functools
+import math
 import os
 import re
 import stat
@@ -80,7 +84,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import structlog
 
@@ -104,7 +108,9 @@ __all__ = [
     "CgroupUnsupported",
     "CgroupVersion",
     "CgroupWrite",
+    "KubeTier",
     "PodRoots",
+    "WeightConversion",
     "WriteListener",
     "detect_version",
     "expand_slice",
@@ -118,6 +124,8 @@ log = structlog.get_logger("runtimeproxy.hooks.cgroups")
 CGROUP_ROOT: Final = "/sys/fs/cgroup"
 
 CgroupDriver = CgroupForm  # kubelet's --cgroup-driver is the form of the cgroup names it makes
+#: kubelet's QoS tiers that have a cgroup of their own below a pod root (Guaranteed pods sit in the root).
+KubeTier = Literal["burstable", "besteffort"]
 DRIVERS: Final[tuple[CgroupDriver, ...]] = ("cgroupfs", "systemd")
 
 # kubelet's bounds for cpu.shares (pkg/kubelet/cm: MinShares, MaxShares).
@@ -195,16 +203,45 @@ _VALUE_FILES: Final = frozenset(name for names in FILES.values() for name in nam
 _V1_UNLIMITED = "-1"
 
 
-def shares_to_weight(shares: int) -> int:
-    """cpu.shares (2..262144) as cpu.weight (1..10000), the linear mapping runc and the kubelet use."""
+class WeightConversion(enum.StrEnum):
+    """How the OCI runtime on the node turns cpu.shares into cgroup v2 cpu.weight, which plugins
+    must follow so that their weights rank with the ones the runtime writes for kubelet.
+
+    ``linear`` (runc before 1.3.2, crun before 1.23): 2..262144 onto 1..10000 in a straight line,
+    so kubelet's 1024 shares for one CPU become 39. ``log-quadratic`` (runc 1.3.2+, crun 1.23+):
+    a quadratic in log2(shares) through (2, 1), (1024, 100) and (262144, 10000): 1024 becomes
+    the default weight 100."""
+
+    LINEAR = "linear"
+    LOG_QUADRATIC = "log-quadratic"
+
+
+def shares_to_weight(shares: int, conversion: WeightConversion = WeightConversion.LINEAR) -> int:
+    """cpu.shares (2..262144, clamped) as cpu.weight (1..10000) under ``conversion``."""
     shares = min(max(shares, MIN_SHARES), MAX_SHARES)
-    return 1 + ((shares - MIN_SHARES) * (_MAX_WEIGHT - 1)) // (MAX_SHARES - MIN_SHARES)
+    if conversion is WeightConversion.LINEAR:
+        return 1 + ((shares - MIN_SHARES) * (_MAX_WEIGHT - 1)) // (MAX_SHARES - MIN_SHARES)
+    if shares == MIN_SHARES:
+        return 1
+    if shares == MAX_SHARES:
+        return _MAX_WEIGHT
+    log = math.log2(shares)
+    return math.ceil(10 ** ((log * log + 125 * log) / 612 - 7 / 34))
 
 
-def weight_to_shares(weight: int) -> int:
-    """The smallest cpu.shares that shares_to_weight maps to ``weight``: its inverse on 1..10000."""
+def weight_to_shares(weight: int, conversion: WeightConversion = WeightConversion.LINEAR) -> int:
+    """The smallest cpu.shares that shares_to_weight maps to ``weight`` (1..10000, clamped)."""
     weight = min(max(weight, 1), _MAX_WEIGHT)
-    return MIN_SHARES - (-((weight - 1) * (MAX_SHARES - MIN_SHARES)) // (_MAX_WEIGHT - 1))
+    if conversion is WeightConversion.LINEAR:
+        return MIN_SHARES - (-((weight - 1) * (MAX_SHARES - MIN_SHARES)) // (_MAX_WEIGHT - 1))
+    low, high = MIN_SHARES, MAX_SHARES  # the mapping only grows: search it
+    while low < high:
+        middle = (low + high) // 2
+        if shares_to_weight(middle, conversion) >= weight:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 # --- versions and paths ----------------------------------------------------------------------
@@ -310,7 +347,7 @@ def _check_controller(controller: str) -> str:
 
 
 # kubelet's QoS-class cgroups right below a pod root (pkg/kubelet/cm qos_container_manager).
-_QOS_CLASS_DIRS: Final = ("besteffort", "burstable")
+_QOS_CLASS_DIRS: Final[tuple[KubeTier, ...]] = ("besteffort", "burstable")
 
 
 class PodRoots:
@@ -363,10 +400,46 @@ class PodRoots:
         return f"cgroup parent {parent!r} is not below a pod cgroup root ({', '.join(self.roots) or 'none'})"
 
     def check(self, parent: str) -> None:
-        """CgroupScopeError naming the reason unless ``parent`` may be written (see problem)."""
+        """CgroupScopeError naming the reason unless ``parent`` is a pod cgroup or below one (see problem)."""
         problem = self.problem(parent)
         if problem is not None:
             raise CgroupScopeError(f"{problem}: runtime-hooks writes only pod and container cgroups")
+
+    def check_write(self, parent: str, container_id: str | None = None) -> None:
+        """CgroupScopeError unless ``parent`` (with ``container_id``) may be written: a pod's or
+        container's cgroup (:meth:`check`), or a QoS-tier cgroup itself (no container id)."""
+        if container_id is None and self.tier_of(parent) is not None:
+            return
+        self.check(parent)
+
+    def tier_of(self, parent: str) -> KubeTier | None:
+        """The tier (``burstable`` or ``besteffort``) when ``parent`` is exactly one of the roots'
+        QoS-tier cgroups, in either form (``/kubepods/burstable``, ``kubepods-burstable.slice``)."""
+        try:
+            segments = tuple(parent_path(parent).split("/"))
+        except CgroupPathError:
+            return None
+        for root, qos_dirs in zip(self._segments, self._qos_dirs, strict=True):
+            if len(segments) == len(root) + 1 and segments[:-1] == root and segments[-1] in qos_dirs:
+                last = segments[-1].removesuffix(".slice")
+                return next(tier for tier in _QOS_CLASS_DIRS if last == tier or last.endswith(f"-{tier}"))
+        return None
+
+    def root_paths(self) -> tuple[str, ...]:
+        """Each root as a nested path (``/kubepods``, ``/kubepods.slice``): where Guaranteed pods sit."""
+        return tuple("/" + "/".join(root) for root in self._segments)
+
+    def tiers(self, tier: KubeTier) -> tuple[str, ...]:
+        """The cgroup of ``tier`` under each root, as a nested path: ``/kubepods/burstable`` under a
+        cgroupfs root, ``/kubepods.slice/kubepods-burstable.slice`` under a slice root."""
+        if tier not in _QOS_CLASS_DIRS:
+            raise ValueError(f"tier must be one of {', '.join(_QOS_CLASS_DIRS)}, got {tier!r}")
+        found: list[str] = []
+        for root in self._segments:
+            last = root[-1]
+            name = f"{last.removesuffix('.slice')}-{tier}.slice" if last.endswith(".slice") else tier
+            found.append("/" + "/".join((*root, name)))
+        return tuple(found)
 
 
 def _root_segments(root: str) -> tuple[str, ...]:
@@ -478,6 +551,7 @@ class CgroupFS:
         version: CgroupVersion | None = None,
         pod_roots: PodRoots | None = None,
         listener: WriteListener | None = None,
+        weight_conversion: WeightConversion = WeightConversion.LINEAR,
     ) -> None:
         if driver not in DRIVERS:
             raise ValueError(f"cgroup driver must be one of {', '.join(DRIVERS)}, got {driver!r}")
@@ -495,6 +569,7 @@ class CgroupFS:
         self._fixed: dict[str, bool] = {}  # see _files_fixed
         self._seen: tuple[str, int | None] | None = None  # see _is_dir
         self.driver: CgroupDriver = driver
+        self.weight_conversion = weight_conversion  # the node's OCI runtime's, on cgroup v2
         self._version = version
 
     def __repr__(self) -> str:
@@ -552,7 +627,8 @@ class CgroupFS:
 
     def pod_path(self, controller: str, parent: str, container_id: str | None = None, file: str | None = None) -> Path:
         """:meth:`path`, for a cgroup runtime-hooks may change: a pod's or container's under the pod
-        roots, reached without a symlink below the hierarchy root; CgroupScopeError otherwise."""
+        roots, or a QoS tier itself (:meth:`PodRoots.check_write`), reached without a symlink below
+        the hierarchy root; CgroupScopeError otherwise."""
         return Path(self._pod_path_text(controller, parent, container_id, file))
 
     def _pod_path_text(self, controller: str, parent: str, container_id: str | None, file: str | None) -> str:
@@ -574,7 +650,7 @@ class CgroupFS:
         return directory
 
     def _pod_path(self, controller: str, parent: str, file: str | None, container_id: str | None = None) -> str:
-        self.pod_roots.check(parent)
+        self.pod_roots.check_write(parent, container_id)
         target = self._target(controller, parent, container_id, file)
         directory = os.path.dirname(target) if file is not None else target
         # One resolution answers both questions: a directory that resolves to exactly where
@@ -823,6 +899,7 @@ class CgroupFS:
         kubelet and runc do, so that the new cgroup has the controller's files; a parent that
         refuses it is logged, and the cgroup is made all the same.
         """
+        self.pod_roots.check(parent)  # a pod's: a QoS tier is kubelet's to make
         target = self.pod_path(controller, parent)
         base = self._hierarchy(controller)
         if not base.is_dir():
@@ -954,16 +1031,17 @@ class CgroupFS:
         return (quota if quota > 0 else -1), self._period(parent, container_id)
 
     def set_cpu_shares(self, parent: str, shares: int, container_id: str | None = None) -> None:
-        """cpu.shares on v1; on v2 the equivalent cpu.weight (shares_to_weight)."""
+        """cpu.shares on v1; on v2 the equivalent cpu.weight (shares_to_weight, the runtime's
+        conversion)."""
         if not MIN_SHARES <= shares <= MAX_SHARES:
             raise ValueError(f"cpu shares must be {MIN_SHARES}..{MAX_SHARES}, got {shares}")
-        value = shares if self.version is CgroupVersion.V1 else shares_to_weight(shares)
+        value = shares if self.version is CgroupVersion.V1 else shares_to_weight(shares, self.weight_conversion)
         self._write_setting("cpu", "cpu.shares", value, parent, container_id)
 
     def cpu_shares(self, parent: str, container_id: str | None = None) -> int:
         """cpu.shares on v1; on v2 the shares that cpu.weight stands for."""
         value = int(self.read("cpu", self.file_name("cpu.shares"), parent, container_id))
-        return value if self.version is CgroupVersion.V1 else weight_to_shares(value)
+        return value if self.version is CgroupVersion.V1 else weight_to_shares(value, self.weight_conversion)
 
     def set_cpu_burst(self, parent: str, burst_us: int, container_id: str | None = None) -> None:
         """cpu.cfs_burst_us (v1) / cpu.max.burst (v2), Linux 5.14+; CgroupUnsupported on older kernels."""

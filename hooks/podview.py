@@ -14,6 +14,9 @@ rules:
   ``scheduling.koordinator.sh/resource-status`` is removed from the view, so the cpuset
   plugin pins no container and the cpu plugin does not lift the CFS quota of the pinned
   classes (it does so only for a pod pinned to CPUs of its own).
+* **The pod's own CPU QoS**, when the policy says ``trust.pod_cpu_qos: false``: the annotation
+  ``koordinator.sh/cpuQOS`` is removed from the view, so an LS pod keeps its class's group
+  identity.
 
 The QoS class is resolved from the pod as it was sent, before this view is taken.
 """
@@ -29,10 +32,12 @@ if TYPE_CHECKING:
     from .policy import Policy
     from .views import PodInfo
 
-__all__ = ["RESOURCE_STATUS_ANNOTATION", "plugin_view"]
+__all__ = ["CPU_QOS_ANNOTATION", "RESOURCE_STATUS_ANNOTATION", "plugin_view"]
 
 # koordinator-sh/koordinator apis/extension: AnnotationResourceStatus = SchedulingDomainPrefix + "/resource-status".
 RESOURCE_STATUS_ANNOTATION: Final = "scheduling.koordinator.sh/resource-status"
+# koordinator-sh/koordinator apis/slo/v1alpha1/pod.go: AnnotationPodCPUQoS = DomainPrefix + "cpuQOS".
+CPU_QOS_ANNOTATION: Final = "koordinator.sh/cpuQOS"
 
 
 def plugin_view(pod: PodInfo, cgroups: CgroupFS | None, policy: Policy) -> tuple[PodInfo, tuple[str, ...]]:
@@ -44,8 +49,14 @@ def plugin_view(pod: PodInfo, cgroups: CgroupFS | None, policy: Policy) -> tuple
         if problem is not None:
             view = dataclasses.replace(view, cgroup_parent="")
             reasons.append(f"{problem}: no cgroup of this pod is written")
+    withheld: list[str] = []
     if not policy.trust.pod_cpuset and RESOURCE_STATUS_ANNOTATION in pod.annotations:
-        kept = {key: value for key, value in pod.annotations.items() if key != RESOURCE_STATUS_ANNOTATION}
-        view = dataclasses.replace(view, annotations=MappingProxyType(kept))
+        withheld.append(RESOURCE_STATUS_ANNOTATION)
         reasons.append(f"policy trust.pod_cpuset is false: {RESOURCE_STATUS_ANNOTATION} ignored, no CPUs pinned")
+    if not policy.trust.pod_cpu_qos and CPU_QOS_ANNOTATION in pod.annotations:
+        withheld.append(CPU_QOS_ANNOTATION)
+        reasons.append(f"policy trust.pod_cpu_qos is false: {CPU_QOS_ANNOTATION} ignored, the class's group identity")
+    if withheld:
+        kept = {key: value for key, value in pod.annotations.items() if key not in withheld}
+        view = dataclasses.replace(view, annotations=MappingProxyType(kept))
     return view, tuple(reasons)

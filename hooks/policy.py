@@ -25,7 +25,8 @@ built-in plugin. docs/qos-classes.md describes every built-in key.
 
 ``PolicyWatcher`` watches a policy file (inotify on its directory, polling when that cannot
 be) and reloads it when it changes; an invalid version is logged and the last good policy
-stays in force.
+stays in force. What it read and why a version was refused (``LoadFailure``) go to a
+``LoadObserver`` (hooks/policy_metrics.py exports them).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ import asyncio
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import structlog
 import yaml
@@ -51,6 +53,8 @@ __all__ = [
     "DEFAULT_POLICY",
     "DEFAULT_POLICY_FILE",
     "SERVER_SECTIONS",
+    "LoadFailure",
+    "LoadObserver",
     "Policy",
     "PolicyError",
     "PolicyWatcher",
@@ -74,13 +78,26 @@ SERVER_SECTIONS: Final = ("reconciler", "trust")
 Specs = Mapping[str, SettingsSpec]
 
 
-class PolicyError(ValueError):
-    """An unusable policy file: which file, where in it (a dotted YAML path, "" for the whole file), and why."""
+class LoadFailure(StrEnum):
+    """Why a version of the policy file was not put in force: the ``cause`` label of
+    runtimeproxy_hooks_policy_load_failures_total."""
 
-    def __init__(self, file: str, path: str, reason: str) -> None:
+    UNREADABLE = "unreadable"  # cannot be looked at or read (permissions, I/O error)
+    ENCODING = "encoding"  # not UTF-8 text
+    YAML = "yaml"  # not valid YAML: syntax, a key given twice, nested too deeply
+    INVALID = "invalid"  # YAML that breaks the schema: an unknown section, class or key, a bad value
+    REMOVED = "removed"  # the file went away after it had been there
+
+
+class PolicyError(ValueError):
+    """An unusable policy file: which file, where in it (a dotted YAML path, "" for the whole file),
+    why, and what kind of failure it is (``cause``)."""
+
+    def __init__(self, file: str, path: str, reason: str, cause: LoadFailure = LoadFailure.INVALID) -> None:
         self.file = file
         self.path = path
         self.reason = reason
+        self.cause = cause
         super().__init__(f"{file}: {path}: {reason}" if path else f"{file}: {reason}")
 
 
@@ -101,9 +118,12 @@ class TrustPolicy:
     ``pod_cpuset``: the cpuset in the pod annotation scheduling.koordinator.sh/resource-status
     pins the containers of pinned classes, and lets the cpu plugin lift their CFS quota; false
     ignores it (no plugin sees the annotation: hooks/podview.py).
+    ``pod_cpu_qos``: an LS pod's annotation koordinator.sh/cpuQOS sets its own group identity
+    (hooks/plugins/cpu_qos.py); false ignores it (hooks/podview.py withholds it).
     """
 
     pod_cpuset: bool = field(metadata=parsed_by(boolean))
+    pod_cpu_qos: bool = field(metadata=parsed_by(boolean))
 
 
 _SERVER_TYPES: Final[Mapping[str, type[Any]]] = MappingProxyType({"reconciler": ReconcilerPolicy, "trust": TrustPolicy})
@@ -190,9 +210,9 @@ def _yaml(text: str, file: str) -> object:
     try:
         return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise PolicyError(file, "", f"not valid YAML: {_yaml_problem(exc)}") from None
+        raise PolicyError(file, "", f"not valid YAML: {_yaml_problem(exc)}", LoadFailure.YAML) from None
     except RecursionError:
-        raise PolicyError(file, "", "not valid YAML: nested too deeply") from None
+        raise PolicyError(file, "", "not valid YAML: nested too deeply", LoadFailure.YAML) from None
 
 
 def loads_policy(text: str, file: str = "<string>", base: Policy | None = None, specs: Specs | None = None) -> Policy:
@@ -219,11 +239,11 @@ def _read(path: str) -> tuple[_FileKey, str]:
             key = _file_key(os.fstat(file.fileno()))
             data = file.read()
     except OSError as exc:
-        raise PolicyError(path, "", f"cannot read the file: {exc.strerror or exc}") from None
+        raise PolicyError(path, "", f"cannot read the file: {exc.strerror or exc}", LoadFailure.UNREADABLE) from None
     try:
         return key, data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PolicyError(path, "", f"not UTF-8 text (byte {exc.start})") from None
+        raise PolicyError(path, "", f"not UTF-8 text (byte {exc.start})", LoadFailure.ENCODING) from None
 
 
 def load_policy(path: str | os.PathLike[str], base: Policy | None = None, specs: Specs | None = None) -> Policy:
@@ -316,6 +336,16 @@ def default_policy(specs: Specs | None = None) -> Policy:
 # --- watching ---------------------------------------------------------------------------
 
 
+class LoadObserver(Protocol):
+    """Told what a PolicyWatcher made of each version of its file."""
+
+    def loaded(self, policy: Policy) -> None:
+        """A version was read and is valid; ``policy`` is in force (changed or not)."""
+
+    def failed(self, cause: LoadFailure) -> None:
+        """A version was not put in force; the last good policy stays."""
+
+
 class PolicyWatcher:
     """The policy in ``path``, reloaded when the file changes; ``current`` is the policy in force.
 
@@ -335,7 +365,9 @@ class PolicyWatcher:
 
     Before ``start`` and while the file has never been readable, ``current`` is ``base``.
     An invalid version is logged once (file, YAML path, reason) and the last good policy
-    stays; so does it when the file is removed or unreadable.
+    stays; so does it when the file is removed or unreadable. ``observer`` hears of each
+    version read and of each failure (a file missing at the first look is none: the defaults
+    are meant to apply then).
     """
 
     def __init__(
@@ -346,12 +378,14 @@ class PolicyWatcher:
         poll_interval: float = 0.5,
         base: Policy | None = None,
         specs: Specs | None = None,
+        observer: LoadObserver | None = None,
     ) -> None:
         if not poll_interval > 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval!r}")
         self.path = os.fspath(path)
         self.poll_interval = poll_interval
         self._on_change = on_change
+        self._observer = observer
         self._specs: Specs = MappingProxyType(dict(specs or {}))
         self._base = default_policy(self._specs) if base is None else base
         self._current = self._base
@@ -379,9 +413,11 @@ class PolicyWatcher:
                 log.info("no policy file; using the defaults", path=self.path)
             else:
                 log.warning("policy file removed; keeping the current policy", path=self.path)
+                self._failed(LoadFailure.REMOVED)
             return False
         if isinstance(key, str):
             log.error("policy file unreadable; keeping the current policy", path=self.path, error=key)
+            self._failed(LoadFailure.UNREADABLE)
             return False
         try:
             self._seen, text = _read(self.path)  # the version actually read
@@ -393,9 +429,18 @@ class PolicyWatcher:
                 yaml_path=exc.path,
                 reason=exc.reason,
                 error=str(exc),
+                cause=exc.cause.value,
             )
+            self._failed(exc.cause)
             return False
-        return self._set(policy)
+        changed = self._set(policy)
+        if self._observer is not None:
+            self._observer.loaded(self._current)
+        return changed
+
+    def _failed(self, cause: LoadFailure) -> None:
+        if self._observer is not None:
+            self._observer.failed(cause)
 
     def _set(self, policy: Policy) -> bool:
         old, self._current = self._current, policy

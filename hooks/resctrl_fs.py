@@ -17,13 +17,13 @@ The module has two layers:
 Rounding rules (the numbers a pod class asks for rarely fall on hardware steps):
 
 * **L3 ways**, :func:`l3_mask`: with ``width`` the number of bits of ``cbm_mask``, a
-  ``[start, end)`` percent range becomes bits ``[floor(width*start/100), ceil(width*end/100))``
-  -- rounded *outwards*, so a group never gets less cache than it asked for (two adjacent
-  ranges may share their boundary way; groups are "shareable", so that is allowed). A run
-  shorter than ``max(1, min_cbm_bits)`` is widened upwards, then downwards at the top of the
-  mask. The result is always one contiguous run inside ``cbm_mask`` ("Cache Bit Masks
-  (CBM)": Intel requires contiguous 1 bits; ``min_cbm_bits`` is "the minimum number of
-  consecutive bits which must be set").
+  ``[start, end)`` percent range becomes bits ``[ceil(width*start/100), ceil(width*end/100))``
+  -- both ends rounded *up*, the rounding koordlet uses for the same NodeSLO values
+  (``docs/koordinator-parity.md``), so the same percentages give the same mask. Adjacent ranges
+  never share a way. A range that covers no whole way, or fewer ways than ``min_cbm_bits``
+  ("the minimum number of consecutive bits which must be set"), is refused with a
+  :class:`ValueError` instead of being written: the kernel would refuse that mask anyway
+  ("Cache Bit Masks (CBM)": Intel requires contiguous 1 bits, at least ``min_cbm_bits``).
 * **MB percent**, :func:`mb_value`: clamp to ``[min_bandwidth, 100]`` then round *up* to a
   multiple of ``bandwidth_gran`` -- what the kernel itself stores ("Intermediate values are
   rounded to the next control step available on the hardware"; ``bw_validate()`` does
@@ -72,6 +72,7 @@ __all__ = [
     "ResctrlUnsupported",
     "ResctrlWriteError",
     "l3_mask",
+    "l3_way_range",
     "mb_value",
     "parse_schemata",
     "schemata_lines",
@@ -156,32 +157,40 @@ def _check_percent_range(start_percent: int, end_percent: int) -> None:
         raise ValueError(f"L3 percent range must satisfy 0 <= start < end <= 100, got [{start_percent}, {end_percent})")
 
 
+def l3_way_range(width: int, start_percent: int, end_percent: int) -> tuple[int, int]:
+    """The ways ``[lo, hi)`` that ``[start_percent, end_percent)`` of ``width`` ways stands for.
+
+    Both ends are rounded up to a whole way (``lo = ceil(width*start/100)``,
+    ``hi = ceil(width*end/100)``), as koordlet rounds; ``lo == hi`` when the range covers no
+    whole way. Integer arithmetic: exact for every width and percentage.
+    """
+    _check_percent_range(start_percent, end_percent)
+    return -(-width * start_percent // 100), -(-width * end_percent // 100)
+
+
 def l3_mask(cbm_mask: int, min_cbm_bits: int, start_percent: int, end_percent: int) -> int:
     """A contiguous capacity bitmask covering ``[start_percent, end_percent)`` of the cache ways.
 
     ``cbm_mask`` is ``info/L3/cbm_mask`` (100% of the cache; contiguous from bit 0), so
-    ``width = cbm_mask.bit_length()`` ways. Rounding is outwards to whole ways:
-    ``lo = floor(width*start/100)``, ``hi = ceil(width*end/100)``. If ``hi - lo`` is below
-    ``need = max(1, min_cbm_bits)`` the run grows upwards to ``need`` bits, sliding down when it
-    would pass the top of the mask. The result is never empty, has at least ``min_cbm_bits``
-    bits, lies inside ``cbm_mask``, and a wider percent range never yields fewer bits.
-    ``0..100`` yields ``cbm_mask`` itself.
+    ``width = cbm_mask.bit_length()`` ways, and the mask is the ways of :func:`l3_way_range`.
+    E.g. 11 ways: 10-50 % is ``3c``, 20-60 % is ``78``, 0-30 % is ``f``; ``0..100`` yields
+    ``cbm_mask`` itself. Raises ValueError for a ``cbm_mask`` that is not a run of 1 bits from
+    bit 0, a percent range outside ``0 <= start < end <= 100``, and a range whose ways are
+    fewer than ``max(1, min_cbm_bits)`` (a mask the kernel refuses).
     """
     if cbm_mask <= 0 or cbm_mask & (cbm_mask + 1):
         raise ValueError(f"cbm_mask must be a non-empty run of 1 bits from bit 0, got {cbm_mask:#x}")
     if min_cbm_bits < 0:
         raise ValueError(f"min_cbm_bits must be >= 0, got {min_cbm_bits}")
-    _check_percent_range(start_percent, end_percent)
     width = cbm_mask.bit_length()
+    lo, hi = l3_way_range(width, start_percent, end_percent)
     need = max(1, min_cbm_bits)
-    if need > width:
-        raise ValueError(f"min_cbm_bits {min_cbm_bits} exceeds the {width} bits of cbm_mask {cbm_mask:x}")
-    lo = width * start_percent // 100
-    hi = -(-width * end_percent // 100)
     if hi - lo < need:
-        hi = min(width, lo + need)
-        lo = hi - need
-    return ((1 << (hi - lo)) - 1) << lo
+        raise ValueError(
+            f"L3 range [{start_percent}, {end_percent}) % of {width} ways is ways [{lo}, {hi}):"
+            f" {hi - lo} way(s), the cache needs at least {need}"
+        )
+    return ((1 << hi) - 1) ^ ((1 << lo) - 1)
 
 
 def mb_value(percent: int, min_bandwidth: int, bandwidth_gran: int) -> int:

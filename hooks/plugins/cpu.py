@@ -46,7 +46,11 @@ reconciler re-applies ours after a resize.
   not done: it is driven by usage and throttling metrics over time (koordlet's metric cache),
   which this plugin does not collect (docs/koordinator-parity.md).
 * **cpu.idle** is the class's ``cpu_idle`` (1 or 0); the defaults leave it 0 for every
-  class. **Group identity** is the class's ``group_identity`` (Alibaba Cloud Linux only).
+  class. **Group identity** (Alibaba Cloud Linux only) is chosen per pod as koordlet chooses
+  it (:mod:`.cpu_qos`: the class's ``group_identity``, 0 when its ``group_identity_enabled``
+  is false, Kubernetes QoS for a pod without a class label, an LS pod's own
+  ``koordinator.sh/cpuQOS``); the reconciler also keeps it in the pod's containers, in
+  kubelet's QoS-tier cgroups and in pod cgroups no live pod owns (:mod:`.cpu_tiers`).
 
 If the pod cgroup does not exist yet at PreRunPodSandbox (no kubelet, e.g. on a test bed),
 it is created as kubelet would name it (``CgroupFS.create_pod_cgroup``), only for a pod
@@ -94,9 +98,11 @@ from ..extended_resources import (
 )
 from ..pacing import paced
 from ..policy import builtin_defaults
-from ..qos import QoSClass
+from ..qos import QoSClass, QoSResolution
 from ..sdk import ContainerInfo, HookPoint, HookResponse, Plugin, PodInfo, ResourceChanges, Resources, qos_of
 from ..settings import boolean, choice, integer, parsed_by
+from .cpu_qos import GroupIdentityChoice, class_group_identity, pod_group_identity
+from .cpu_tiers import DanglingPods, reconcile_tiers, set_group_identity
 from .cpuset import cpuset_from_annotations
 
 __all__ = [
@@ -132,13 +138,15 @@ class CPUSettings:
     ``cfs_quota_enabled``: false runs the container with no CFS quota (-1).
     ``cfs_burst_percent``: cpu.cfs_burst_us (v1) / cpu.max.burst (v2) as a percentage of the
     cpu limit, 0 = off. ``cpu_idle``: cgroup cpu.idle. ``group_identity``: cpu.bvt_warp_ns
-    (-1..2) on kernels that have it.
+    (-1..2) on kernels that have it; ``group_identity_enabled``: false gives the class's pods 0
+    instead (Koordinator's CPUQOS ``enable``; :mod:`.cpu_qos` says who takes which value).
     """
 
     cfs_quota_enabled: bool = field(metadata=parsed_by(boolean))
     cfs_burst_percent: int = field(metadata=parsed_by(integer(0, 10000, "a percentage")))
     cpu_idle: bool = field(metadata=parsed_by(boolean))
     group_identity: int = field(metadata=parsed_by(integer(-1, 2)))
+    group_identity_enabled: bool = field(metadata=parsed_by(boolean))
 
 
 @dataclass(frozen=True)
@@ -150,11 +158,13 @@ class CPUSection:
 
 
 class CpuState:
-    """The plugin's state in one server: how many pod-level values the reconciler put back."""
+    """The plugin's state in one server: how many pod-level values the reconciler put back, and
+    the pod cgroups found unowned (hooks/plugins/cpu_tiers.py)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._drift_total = 0
+        self.dangling = DanglingPods()
 
     def add_drift(self, repaired: int) -> None:
         with self._lock:
@@ -365,11 +375,16 @@ def plan_pod(
     section: CPUSection,
     *,
     current_quota: int | None = None,
+    group_identity: GroupIdentityChoice | None = None,
 ) -> CpuPodPlan:
     """The pod cgroup's planned values (see the module doc). ``current_quota``: the quota the
     pod cgroup has now (read by the caller; None without I/O), which the burst is computed
-    from when the plan sets no quota; ``pod.resources`` stands in when it is None."""
+    from when the plan sets no quota; ``pod.resources`` stands in when it is None.
+    ``group_identity``: the pod's, from :func:`.cpu_qos.pod_group_identity`; None: the class's."""
     notes: list[str] = []
+    if group_identity is None:
+        group_identity = GroupIdentityChoice(class_group_identity(policy))
+    notes.extend(group_identity.notes)
     period = pod.resources.cpu_period if pod.resources is not None and pod.resources.cpu_period > 0 else CFS_PERIOD_US
     quota: int | None = None
     spec = _batch_spec(pod.annotations, notes) if qos is QoSClass.BE else None
@@ -398,7 +413,7 @@ def plan_pod(
         cfs_burst=burst,
         cpu_shares=shares,
         cpu_idle=policy.cpu_idle,
-        group_identity=policy.group_identity,
+        group_identity=group_identity.value,
         notes=tuple(notes),
     )
 
@@ -637,12 +652,13 @@ def _plan_and_apply(
     log: Any,
     *,
     exists: bool | None = None,
+    group_identity: GroupIdentityChoice | None = None,
 ) -> tuple[CpuPodPlan, list[str]]:
     """Plan the pod cgroup from the quota it has now and apply the plan, reading the quota once
     for both (the plan goes without it when it cannot be read; applying then reads it again
     and raises why). v1's period, a file of its own, is read only for a plan that sets a quota:
     nothing else needs it (a pod start saves an open, a read and a close). ``exists``: as
-    apply_pod_plan's."""
+    apply_pod_plan's. ``group_identity``: as plan_pod's."""
     parent = pod.cgroup_parent
     first: tuple[int, int | None] | Literal["unread"] | None
     try:
@@ -650,7 +666,7 @@ def _plan_and_apply(
     except (OSError, CgroupError, ValueError):
         first = "unread"
     current = first[0] if isinstance(first, tuple) else None
-    plan = plan_pod(pod, qos, settings, section, current_quota=current)
+    plan = plan_pod(pod, qos, settings, section, current_quota=current, group_identity=group_identity)
     quota_now: tuple[int, int] | Literal["unread"] | None
     if not isinstance(first, tuple):
         quota_now = first
@@ -676,29 +692,45 @@ def reconcile_pods(
     section: CPUSection,
     log: Any,
     state: CpuState | None = None,
+    containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
 ) -> int:
-    """Re-apply the pod-level plan to each pod's existing cgroup; how many values were repaired
-    (also added to ``state``'s total). The handler does the same in slices (hooks/pacing.py)."""
-    repaired = sum(_reconcile_pod(fs, pod, settings_for, section, log) for pod in pods)
+    """Re-apply the pod-level plan to each pod's existing cgroup, and its group identity to its
+    containers' (``containers``: by sandbox id); how many values were repaired (also added to
+    ``state``'s total). The handler does the same in slices (hooks/pacing.py), with the tiers."""
+    found = containers or {}
+    repaired = sum(_reconcile_pod(fs, pod, settings_for, section, log, found.get(pod.sandbox_id, ())) for pod in pods)
     if state is not None:
         state.add_drift(repaired)
     return repaired
 
 
 def _reconcile_pod(
-    fs: CgroupFS, pod: PodInfo, settings_for: Callable[[QoSClass], CPUSettings], section: CPUSection, log: Any
+    fs: CgroupFS,
+    pod: PodInfo,
+    settings_for: Callable[[QoSClass], CPUSettings],
+    section: CPUSection,
+    log: Any,
+    containers: Sequence[ContainerInfo] = (),
 ) -> int:
-    """Re-apply the pod-level plan to the pod's cgroup if it exists; how many values were repaired."""
+    """Re-apply the pod-level plan to the pod's cgroup if it exists, and the pod's group identity
+    to its containers' cgroups (koordlet keeps them equal); how many values were repaired."""
     if not pod.cgroup_parent:
         return 0
     try:
         if not fs.exists(pod.cgroup_parent):
             return 0
-        qos = qos_of(pod).qos_class
-        _, written = _plan_and_apply(fs, pod, qos, settings_for(qos), section, log, exists=True)
+        resolution = qos_of(pod)
+        qos = resolution.qos_class
+        choice = pod_group_identity(resolution, pod.cgroup_parent, pod.annotations, settings_for)
+        _, written = _plan_and_apply(fs, pod, qos, settings_for(qos), section, log, exists=True, group_identity=choice)
     except (OSError, CgroupError, ValueError) as exc:
         log.warning("cannot reconcile pod", pod=f"{pod.namespace}/{pod.name}", error=str(exc))
         return 0
+    written.extend(
+        f"group_identity of {container.name}"
+        for container in containers
+        if container.id and set_group_identity(fs, pod.cgroup_parent, choice.value, log, container.id)
+    )
     if written:
         log.info("repaired drifted cpu settings", pod=f"{pod.namespace}/{pod.name}", settings=written)
     return len(written)
@@ -713,7 +745,9 @@ async def set_pod_cgroup(
     hook: HookPoint,
     pod: PodInfo,
     qos: QoSClass,
+    qos_resolution: QoSResolution,
     settings: CPUSettings,
+    settings_for: Callable[[QoSClass], CPUSettings],
     section: CPUSection,
     cgroups: CgroupFS,
     log: Any,
@@ -723,10 +757,13 @@ async def set_pod_cgroup(
     """Write the pod-level values into the pod cgroup (creating it at PreRunPodSandbox if missing)."""
     if not pod.cgroup_parent:
         return
+    choice = pod_group_identity(qos_resolution, pod.cgroup_parent, pod.annotations, settings_for)
+    if choice.problem:
+        log.warning("pod CPU QoS annotation refused; the class's group identity applies", reason=choice.problem)
     exists: bool | None = None  # the pod cgroup is looked at once per call
     if hook is HookPoint.PRE_RUN_POD_SANDBOX:
         exists = pod_cgroup_ready(cgroups, pod.cgroup_parent, log, dry_run=dry_run)
-    plan, written = _plan_and_apply(cgroups, pod, qos, settings, section, log, exists=exists)
+    plan, written = _plan_and_apply(cgroups, pod, qos, settings, section, log, exists=exists, group_identity=choice)
     if written:
         log.debug("pod cpu settings applied", settings=written, plan=plan.describe())
 
@@ -787,13 +824,18 @@ async def reconcile(
     section: CPUSection,
     state: CpuState,
     log: Any,
+    containers: Mapping[str, Sequence[ContainerInfo]] | None = None,
     **kwargs: Any,
 ) -> int:
-    """Re-apply the pod-level values of ``pods``; the number of drifted values repaired. In slices
+    """Re-apply the pod-level values of ``pods`` and their containers' group identity
+    (``containers``, by sandbox id), the QoS tiers' and the dangling pod cgroups' group identity
+    (hooks/plugins/cpu_tiers.py); the number of drifted values repaired. In slices
     (hooks/pacing.py): a hook call arriving meanwhile is not kept waiting for the whole round."""
-    repaired = 0
+    repaired = reconcile_tiers(cgroups, settings_for, log)
+    found = containers or {}
     async for pod in paced(pods):
-        repaired += _reconcile_pod(cgroups, pod, settings_for, section, log)
+        repaired += _reconcile_pod(cgroups, pod, settings_for, section, log, found.get(pod.sandbox_id, ()))
+    repaired += state.dangling.reconcile(cgroups, pods, settings_for, log)
     state.add_drift(repaired)
     return repaired
 

@@ -19,7 +19,10 @@ group        classes              why
 A group's values come from the policy entries of its classes. When they differ (a policy
 giving LSE other values than LSR, say), the group gets the widest of them -- the lowest
 ``l3_percent_range`` start, the highest end, the highest ``mb_percent`` -- so no class gets
-less than its entry asks; the plan notes it (:func:`plan_groups`).
+less than its entry asks; the plan notes it (:func:`plan_groups`). Percentages become cache ways
+as koordlet computes them (:func:`~runtimeproxy.hooks.resctrl_fs.l3_mask`); a range that
+covers fewer ways than the cache accepts leaves that group's L3 line out (logged once; its ways
+stay as they are, where koordlet's write of the same mask fails in the kernel).
 
 **CLOSIDs are few** (often 16, 8 or 4 with CDP), the root group holds one, and other tools'
 groups hold theirs. The plugin never creates more than ``num_closids - 1`` groups in all: with
@@ -82,7 +85,15 @@ from ..kernel_files import read_bytes
 from ..pacing import paced
 from ..policy import builtin_defaults
 from ..qos import QoSClass
-from ..resctrl_fs import ResctrlError, ResctrlFS, ResctrlInfo, ResctrlTasksError, parse_schemata, schemata_lines
+from ..resctrl_fs import (
+    ResctrlError,
+    ResctrlFS,
+    ResctrlInfo,
+    ResctrlTasksError,
+    l3_mask,
+    parse_schemata,
+    schemata_lines,
+)
 from ..sdk import ContainerInfo, HookPoint, Plugin, PodInfo, qos_of
 from ..settings import integer, parsed_by, percent_range
 
@@ -190,6 +201,8 @@ class GroupPlan:
     mb_percent: int | None
     schemata: str
     widened: bool = False
+    #: why the group's L3 line is left out although the host has L3 CAT ("" when it is not)
+    l3_refused: str = ""
 
     def parsed(self) -> dict[str, dict[int, int]]:
         return parse_schemata(self.schemata)
@@ -227,6 +240,18 @@ class ResctrlPlan:
         }
 
 
+def _l3_refusal(info: ResctrlInfo, l3_range: tuple[int, int]) -> str:
+    """Why ``l3_range`` gives no mask this cache accepts ("" when it does). Such a group's L3
+    line is left out: its cache ways stay as they are, as when the kernel refuses koordlet's
+    write of that mask."""
+    assert info.l3 is not None
+    try:
+        l3_mask(info.l3.cbm_mask, info.l3.min_cbm_bits, *l3_range)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
 def plan_groups(info: ResctrlInfo, settings_for: SettingsFor, room: int) -> ResctrlPlan:
     """The groups for ``room`` free CLOSIDs on a mount described by ``info``, with each class's
     settings from ``settings_for``.
@@ -253,15 +278,22 @@ def plan_groups(info: ResctrlInfo, settings_for: SettingsFor, room: int) -> Resc
         l3_range, mb, differ = class_group_settings(settings_for, classes)
         if differ:
             notes.append(f"{name}: its classes' policies differ; it gets the widest (L3 {l3_range}, MB {mb}%)")
-        text = schemata_lines(info, l3_range if use_l3 else None, mb if use_mb else None)
+        refused = _l3_refusal(info, l3_range) if use_l3 else ""
+        if refused:
+            notes.append(f"{name}: L3 left as it is: {refused}")
+        group_l3 = use_l3 and not refused
+        text = (
+            schemata_lines(info, l3_range if group_l3 else None, mb if use_mb else None) if group_l3 or use_mb else ""
+        )
         groups.append(
             GroupPlan(
                 name=name,
                 classes=classes,
-                l3_percent_range=l3_range if use_l3 else None,
+                l3_percent_range=l3_range if group_l3 else None,
                 mb_percent=mb if use_mb else None,
                 schemata=text,
                 widened=differ,
+                l3_refused=refused,
             )
         )
     class_group: dict[QoSClass, str | None] = dict.fromkeys(QoSClass)
@@ -354,13 +386,21 @@ class _Controller:
         self.layout = group_layout(room)
         self.lock = threading.Lock()
         self.counters = {"schemata_repaired": 0, "tasks_moved": 0, "tasks_exited": 0, "task_failures": 0}
+        self.refusals_logged: set[tuple[str, str]] = set()
 
     @property
     def group_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.layout)
 
-    def plan(self, settings_for: SettingsFor) -> ResctrlPlan:
-        return plan_groups(self.info, settings_for, self.room)
+    def plan(self, settings_for: SettingsFor, log: Any) -> ResctrlPlan:
+        """The plan for the current policy; an L3 range this cache refuses is logged once."""
+        plan = plan_groups(self.info, settings_for, self.room)
+        for group in plan.groups:
+            key = (group.name, group.l3_refused)
+            if group.l3_refused and key not in self.refusals_logged:
+                self.refusals_logged.add(key)
+                log.warning("resctrl L3 range refused for this cache", group=group.name, reason=group.l3_refused)
+        return plan
 
     def group_for(self, qos: QoSClass) -> str | None:
         for name, classes in self.layout:
@@ -376,7 +416,8 @@ class _Controller:
         """At start: make every group and write its schemata (one write each)."""
         for group in plan.groups:
             self.fs.ensure_group(group.name)
-            self.fs.write_schemata(group.name, group.schemata)
+            if group.schemata:
+                self.fs.write_schemata(group.name, group.schemata)
 
     def repair(self, plan: ResctrlPlan, log: Any) -> list[str]:
         """Re-create missing groups and rewrite schemata that differ from the plan; the groups repaired."""
@@ -392,7 +433,8 @@ class _Controller:
                 have = self.fs.schemata(group.name)
                 drifted = any(have.get(resource) != values for resource, values in want.items())
             if drifted:
-                self.fs.write_schemata(group.name, group.schemata)
+                if group.schemata:  # empty: no resource this group may set (the plan's notes say why)
+                    self.fs.write_schemata(group.name, group.schemata)
                 repaired.append(group.name)
                 log.info(
                     "resctrl group repaired",
@@ -482,7 +524,7 @@ def _setup(resctrl: ResctrlFS, settings_for: SettingsFor, log: Any) -> tuple[_Co
         detail = f"{', '.join(foreign)} hold the rest" if foreign else "the root group holds the only one"
         return _disabled(log, f"no CLOSID left: {info.num_closids} CLOSID(s), {detail}")
     controller = _Controller(resctrl, info, room)
-    plan = controller.plan(settings_for)
+    plan = controller.plan(settings_for, log)
     wanted = set(controller.group_names)
     try:
         for name in existing:
@@ -562,7 +604,7 @@ async def join_group(
         log.debug("container cgroup has no threads (yet)", group=group)
         return
     if group not in controller.fs.groups():
-        controller.repair(controller.plan(settings_for), log)  # removed behind our back
+        controller.repair(controller.plan(settings_for, log), log)  # removed behind our back
     moved, exited = controller.move(group, tids, log)
     log.debug("container threads joined resctrl group", group=group, moved=moved, exited=exited)
 
@@ -625,7 +667,7 @@ class _Round:
         controller = state.ensure(resctrl, settings_for, log)
         if controller is None:
             return None
-        report = ResctrlReconcileReport(schemata_repaired=controller.repair(controller.plan(settings_for), log))
+        report = ResctrlReconcileReport(schemata_repaired=controller.repair(controller.plan(settings_for, log), log))
         known = {name: controller.fs.tasks(name) for name in controller.group_names} if cgroups is not None else {}
         return cls(controller, cgroups, log, report, known)
 

@@ -381,19 +381,59 @@ def test_bad_roots_are_configuration_errors(root: str) -> None:
         PodRoots([root])
 
 
-def test_writes_outside_the_pod_cgroups_are_refused(tree: FakeCgroup) -> None:
+def test_writes_outside_the_pod_cgroups_and_tiers_are_refused(tree: FakeCgroup) -> None:
     fs = tree.fs()
     tree.mkdir("system.slice")
     tree.mkdir("kubepods.slice/kubepods-burstable.slice")
+    tree.mkdir("kubepods/burstable")
+    tree.mkdir("other/burstable")
     name = fs.file_name("cpu.shares")
     before = _state(tree.root)
-    for parent in ("/", "/system.slice", "/kubepods", "/kubepods/burstable", "kubepods-burstable.slice"):
+    for parent in ("/", "/system.slice", "/kubepods", "kubepods.slice", "/other/burstable"):
         with pytest.raises(CgroupScopeError):
             fs.write("cpu", name, 3, parent)
+    for tier in ("/kubepods/burstable", "kubepods-burstable.slice"):  # a tier holds no container
+        with pytest.raises(CgroupScopeError):
+            fs.write("cpu", name, 3, tier, "c1")
+    with pytest.raises(CgroupScopeError):
+        fs.create_pod_cgroup("/kubepods/besteffort")  # nor is a tier ever made
     assert _state(tree.root) == before
     parent = tree.add_pod(UID, "burstable")
     fs.write("cpu", name, 3, parent)
     assert fs.read("cpu", name, parent) == "3"
+
+
+@pytest.mark.parametrize(
+    "tier", ["/kubepods/burstable", "kubepods-burstable.slice", "/kubepods.slice/kubepods-besteffort.slice"]
+)
+def test_the_qos_tiers_themselves_may_be_written(tree: FakeCgroup, tier: str) -> None:
+    fs = tree.fs()
+    tree.mkdir(parent_path(tier))
+    name = fs.file_name("cpu.shares")
+    fs.write("cpu", name, 3, tier)
+    assert fs.read("cpu", name, tier) == "3"
+
+
+def test_the_tiers_of_the_roots() -> None:
+    roots = PodRoots(["/kubepods", "kubepods.slice", "/rtpx-1/kubepods", "rtpx_1-kubepods.slice"])
+    assert roots.tiers("burstable") == (
+        "/kubepods/burstable",
+        "/kubepods.slice/kubepods-burstable.slice",
+        "/rtpx-1/kubepods/burstable",
+        "/rtpx_1.slice/rtpx_1-kubepods.slice/rtpx_1-kubepods-burstable.slice",
+    )
+    assert roots.tier_of("rtpx_1-kubepods-burstable.slice") == "burstable"  # the slice name alone
+    for tier in ("burstable", "besteffort"):
+        for parent in roots.tiers(tier):  # type: ignore[arg-type]
+            assert roots.tier_of(parent) == tier
+            roots.check_write(parent)
+            with pytest.raises(CgroupScopeError):
+                roots.check(parent)  # a tier is no pod's
+    assert roots.tier_of("kubepods-besteffort.slice") == "besteffort"
+    for other in ("/kubepods", "/kubepods/burstable/pod1", "/kubepods/guaranteed", "/x/burstable", "kubepods.slice"):
+        assert roots.tier_of(other) is None
+    with pytest.raises(ValueError, match="tier must be one of"):
+        roots.tiers("guaranteed")  # type: ignore[arg-type]
 
 
 def test_a_symlink_inside_the_root_does_not_lead_a_write_out_of_the_pod_cgroups(tmp_path: Path, version: str) -> None:
@@ -462,13 +502,20 @@ _scope_segments = st.one_of(
 _scope_parents = st.lists(_scope_segments, max_size=5).map("/".join) | st.text(max_size=30)
 
 
+_TIERS = {"besteffort", "burstable", "kubepods-besteffort.slice", "kubepods-burstable.slice"}
+
+
 def _qos_free_pod_dir(segments: tuple[str, ...]) -> bool:
     """The test's own reading of "a pod's cgroup or below": under kubepods or kubepods.slice,
-    deeper than the root, and not one of the QoS-class cgroups right below it."""
-    qos = {"besteffort", "burstable", "kubepods-besteffort.slice", "kubepods-burstable.slice"}
+    deeper than the root, and not one of the QoS-tier cgroups right below it."""
     if len(segments) < 2 or segments[0] not in ("kubepods", "kubepods.slice"):
         return False
-    return not (len(segments) == 2 and segments[1] in qos)
+    return not (len(segments) == 2 and segments[1] in _TIERS)
+
+
+def _tier_dir(segments: tuple[str, ...]) -> bool:
+    """A QoS-tier cgroup itself: ``kubepods/burstable``, ``kubepods.slice/kubepods-besteffort.slice``..."""
+    return len(segments) == 2 and segments[0] in ("kubepods", "kubepods.slice") and segments[1] in _TIERS
 
 
 def _cgroup_segments(tree: FakeCgroup, path: Path) -> tuple[str, ...]:
@@ -489,7 +536,7 @@ def _state(root: Path) -> dict[Path, str | None]:
 @pytest.mark.parametrize("make", [make_fake_cgroup_v1, make_fake_cgroup_v2])
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parent=_scope_parents, container_id=_ids)
-def test_no_parent_leads_to_a_write_outside_the_pod_cgroups(
+def test_no_parent_leads_to_a_write_outside_the_pod_cgroups_and_tiers(
     tmp_path: Path, make: type, parent: str, container_id: str | None
 ) -> None:
     root = tmp_path / "cg"
@@ -518,5 +565,35 @@ def test_no_parent_leads_to_a_write_outside_the_pod_cgroups(
         segments = _cgroup_segments(tree, directory)
         if after[path] is None:  # a new directory: the pod's cgroup or an ancestor kubelet would make
             assert segments[:1] in (("kubepods",), ("kubepods.slice",)), (parent, path)
+        elif container_id is None and _tier_dir(segments):
+            assert path.name == fs.file_name("cpu.shares"), (parent, path)  # a tier's own file, written as asked
         else:
             assert _qos_free_pod_dir(segments), (parent, container_id, path)
+
+
+REAL_CPU = Path("/sys/fs/cgroup/cpu")
+
+
+@pytest.mark.skipif(not (REAL_CPU / "cpu.shares").is_file() or os.geteuid() != 0, reason="needs root and cgroup v1 cpu")
+def test_a_real_tier_cgroup_is_written_and_nothing_beside_it() -> None:
+    """On this kernel's cgroup v1 cpu hierarchy: a tier of the configured root takes a write,
+    the root above it, a sibling that is no tier and a container id under the tier do not."""
+    prefix = f"rtpx-tier-{os.getpid()}"
+    made = [REAL_CPU / prefix / "kubepods" / "burstable", REAL_CPU / prefix / "kubepods" / "other"]
+    for directory in made:
+        directory.mkdir(parents=True, exist_ok=True)
+    try:
+        fs = CgroupFS("/sys/fs/cgroup", pod_roots=PodRoots([f"/{prefix}/kubepods"]))
+        tier = f"/{prefix}/kubepods/burstable"
+        fs.set_cpu_shares(tier, 2048)
+        assert (REAL_CPU / prefix / "kubepods" / "burstable" / "cpu.shares").read_text().strip() == "2048"
+        before = (REAL_CPU / prefix / "kubepods" / "cpu.shares").read_text()
+        for parent, container_id in ((f"/{prefix}/kubepods", None), (f"/{prefix}", None), (tier, "c1")):
+            with pytest.raises(CgroupScopeError):
+                fs.write("cpu", "cpu.shares", 4096, parent, container_id)
+        assert (REAL_CPU / prefix / "kubepods" / "cpu.shares").read_text() == before
+        fs.set_cpu_shares(f"/{prefix}/kubepods/other", 4096)  # "other" is a pod cgroup by name, as kubelet's are
+    finally:
+        for directory in (*made, REAL_CPU / prefix / "kubepods", REAL_CPU / prefix):
+            with contextlib.suppress(OSError):
+                directory.rmdir()

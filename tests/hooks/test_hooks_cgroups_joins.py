@@ -86,8 +86,7 @@ def test_a_path_checked_first_still_gets_the_pod_check(tmp_path: Path) -> None:
     """The other way round is not shared: a path inside the root may still be no pod's."""
     tree = make_fake_cgroup_v1(tmp_path / "cgroup")
     fs = CgroupFS(tree.root)
-    qos_dir = "/kubepods/besteffort"
-    tree.mkdir(qos_dir)
-    assert fs.exists(qos_dir)
+    tree.mkdir("/kubepods/besteffort")
+    assert fs.exists("/kubepods")
     with pytest.raises(CgroupPathError):
-        fs.pod_path("cpu", qos_dir)
+        fs.pod_path("cpu", "/kubepods")  # a root itself

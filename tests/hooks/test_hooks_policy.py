@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from runtimeproxy.hooks.discovery import settings_specs
 from runtimeproxy.hooks.plugins import cpu, cpuset, gpu, memory, network, resctrl
@@ -320,9 +320,16 @@ def test_dump_is_plain_yaml_in_a_stable_order() -> None:
     assert dump_policy(loads(text)) == text
 
 
+def test_pod_cpu_qos_is_trusted_unless_the_policy_says_not() -> None:
+    assert DEFAULT_POLICY.trust.pod_cpu_qos is True  # Koordinator's behaviour
+    assert loads("trust: {pod_cpu_qos: false}").trust == TrustPolicy(pod_cpuset=True, pod_cpu_qos=False)
+    with pytest.raises(PolicyError, match=r"trust\.pod_cpu_qos: must be true or false"):
+        loads("trust: {pod_cpu_qos: 1}")
+
+
 def test_pod_cpusets_are_trusted_unless_the_policy_says_not() -> None:
     assert DEFAULT_POLICY.trust.pod_cpuset is True  # Koordinator's behaviour
-    assert loads("trust: {pod_cpuset: false}").trust == TrustPolicy(pod_cpuset=False)
+    assert loads("trust: {pod_cpuset: false}").trust == TrustPolicy(pod_cpuset=False, pod_cpu_qos=True)
     with pytest.raises(PolicyError, match=r"trust\.pod_cpuset: must be true or false, got 'no'"):
         loads("trust: {pod_cpuset: 'no'}")
     with pytest.raises(PolicyError, match=r"trust\.pod_cpusets"):
@@ -342,6 +349,7 @@ cpu_classes = st.builds(
     cfs_burst_percent=st.integers(0, 10000),
     cpu_idle=st.booleans(),
     group_identity=st.integers(-1, 2),
+    group_identity_enabled=st.booleans(),
 )
 cpuset_classes = st.builds(CPUSetSettings, pinned=st.booleans())
 gpu_classes = st.builds(GPUSettings, enabled=st.booleans())
@@ -409,6 +417,7 @@ policies = st.builds(
 )
 
 
+@settings(deadline=None)  # a YAML dump and load per example: no timing asserted
 @given(policies)
 def test_any_valid_policy_survives_dump_and_load(policy: Policy) -> None:
     text = dump_policy(policy)
@@ -416,6 +425,7 @@ def test_any_valid_policy_survives_dump_and_load(policy: Policy) -> None:
     assert dump_policy(loads(text)) == text
 
 
+@settings(deadline=None)
 @given(policies, st.sets(st.sampled_from([*SPECS, "reconciler", "trust"])))
 def test_dumped_sections_overlay_the_rest(policy: Policy, sections: set[str]) -> None:
     full = yaml.safe_load(dump_policy(policy))
@@ -473,6 +483,7 @@ def test_watcher_reloads_on_change_and_keeps_the_last_good_policy(tmp_path: Path
             "yaml_path": "resctrl.BE.l3_percent_range",
             "reason": "start (20) must be below end (10)",
             "error": f"{path}: resctrl.BE.l3_percent_range: start (20) must be below end (10)",
+            "cause": "invalid",
         }
     ]
 

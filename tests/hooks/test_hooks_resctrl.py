@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import os
 import subprocess
 import tempfile
@@ -27,6 +28,7 @@ from runtimeproxy.hooks.resctrl_fs import (
     ResctrlUnsupported,
     ResctrlWriteError,
     l3_mask,
+    l3_way_range,
     mb_value,
     parse_schemata,
     schemata_lines,
@@ -61,21 +63,57 @@ def cache_geometry(draw: st.DrawFn) -> tuple[int, int]:
 percent_range = st.tuples(st.integers(0, 100), st.integers(0, 100)).filter(lambda r: r[0] < r[1])
 
 
-@given(cache_geometry(), percent_range)
-def test_l3_mask_is_one_valid_run_inside_the_mask(geometry: tuple[int, int], rng: tuple[int, int]) -> None:
+def koordlet_mask(ways: int, start: int, end: int) -> int | None:
+    """koordlet's mask for ``[start, end)`` percent of ``ways`` ways, computed its way: each
+    end's way index is the ceiling of the float product ``ways * percent / 100``; the mask is
+    ``2**hi - 2**lo``. None for the ranges it refuses (start < 0, end > 100, end <= start)."""
+    if start < 0 or end > 100 or end <= start:
+        return None
+    lo = math.ceil(ways * float(start) / 100)
+    hi = math.ceil(ways * float(end) / 100)
+    return (1 << hi) - (1 << lo)
+
+
+def test_l3_mask_is_koordlets_mask_for_every_way_count_and_range() -> None:
+    """Every way count 1..32 and every 0 <= start < end <= 100: koordlet's mask, or a refusal
+    exactly where koordlet's mask is empty (the kernel refuses an empty mask)."""
+    for ways in range(1, 33):
+        cbm_mask = (1 << ways) - 1
+        for start in range(0, 100):
+            for end in range(start + 1, 101):
+                expected = koordlet_mask(ways, start, end)
+                assert expected is not None
+                if expected == 0:
+                    with pytest.raises(ValueError, match="way"):
+                        l3_mask(cbm_mask, 1, start, end)
+                else:
+                    assert l3_mask(cbm_mask, 1, start, end) == expected, (ways, start, end)
+
+
+@given(cache_geometry(), st.integers(-20, 120), st.integers(-20, 120))
+def test_l3_mask_matches_koordlet_or_refuses_what_the_kernel_or_koordlet_refuses(
+    geometry: tuple[int, int], start: int, end: int
+) -> None:
     cbm_mask, min_bits = geometry
-    width = cbm_mask.bit_length()
-    mask = l3_mask(cbm_mask, min_bits, *rng)
-    assert mask != 0
+    expected = koordlet_mask(cbm_mask.bit_length(), start, end)
+    if expected is None or expected.bit_count() < max(1, min_bits):
+        with pytest.raises(ValueError):
+            l3_mask(cbm_mask, min_bits, start, end)
+        return
+    mask = l3_mask(cbm_mask, min_bits, start, end)
+    assert mask == expected
     assert _runs(mask) == 1
     assert mask & ~cbm_mask == 0
-    assert mask.bit_count() >= max(1, min_bits)
-    # the rounding is outwards: every way the range touches is in the mask
-    lo, hi = width * rng[0] // 100, -(-width * rng[1] // 100)
-    wanted = ((1 << (hi - lo)) - 1) << lo
-    assert mask & wanted == wanted
-    # and it only grows past that to reach min_cbm_bits
-    assert mask.bit_count() == max(hi - lo, max(1, min_bits))
+
+
+@given(st.integers(1, 32), st.integers(0, 100), st.integers(0, 100), st.integers(0, 100))
+def test_l3_adjacent_ranges_split_the_ways_without_sharing_one(ways: int, a: int, b: int, c: int) -> None:
+    a, b, c = sorted((a, b, c))
+    assume(a < b < c)
+    lo_lo, lo_hi = l3_way_range(ways, a, b)
+    hi_lo, hi_hi = l3_way_range(ways, b, c)
+    assert lo_hi == hi_lo  # the boundary way belongs to the upper range only
+    assert (lo_lo, hi_hi) == l3_way_range(ways, a, c)
 
 
 @given(cache_geometry(), percent_range, st.integers(0, 100), st.integers(0, 100))
@@ -84,7 +122,11 @@ def test_l3_mask_wider_range_never_gives_fewer_ways(
 ) -> None:
     cbm_mask, min_bits = geometry
     outer = (max(0, inner[0] - widen_lo), min(100, inner[1] + widen_hi))
-    assert l3_mask(cbm_mask, min_bits, *outer).bit_count() >= l3_mask(cbm_mask, min_bits, *inner).bit_count()
+    try:
+        narrow = l3_mask(cbm_mask, min_bits, *inner)
+    except ValueError:
+        return
+    assert l3_mask(cbm_mask, min_bits, *outer).bit_count() >= narrow.bit_count()
 
 
 @given(cache_geometry())
@@ -94,15 +136,17 @@ def test_l3_mask_full_range_is_the_full_mask(geometry: tuple[int, int]) -> None:
 
 
 def test_l3_mask_examples() -> None:
+    # 11 ways (cbm_mask 7ff): both ends rounded up to a whole way
+    assert l3_mask(0x7FF, 1, 10, 50) == 0x3C
+    assert l3_mask(0x7FF, 1, 20, 60) == 0x78  # ways 3..6 (2.2 and 6.6 rounded up)
+    assert l3_mask(0x7FF, 1, 0, 30) == 0xF  # the default BE range
+    assert l3_mask(0x7FF, 1, 0, 50) == 0x3F
+    assert l3_mask(0x7FF, 1, 50, 100) == 0x7C0  # way 5 goes to the lower half only
+    # 10 ways, 10-80 %
+    assert l3_mask(0x3FF, 1, 10, 80) == 0xFE
     # resctrl.rst, "Cache Bit Masks (CBM)": a 20-bit mask split into four equal parts
     quarters = [l3_mask(0xFFFFF, 1, start, start + 25) for start in (0, 25, 50, 75)]
     assert quarters == [0x1F, 0x3E0, 0x7C00, 0xF8000]
-    # 11 ways: half is 5.5 ways, rounded outwards on both sides (way 5 shared)
-    assert l3_mask(0x7FF, 1, 0, 50) == 0x3F
-    assert l3_mask(0x7FF, 1, 50, 100) == 0x7E0
-    # a sliver widened to min_cbm_bits, sliding down from the top of the mask
-    assert l3_mask(0x7FF, 4, 99, 100) == 0x780
-    assert l3_mask(0x7FF, 2, 0, 1) == 0x3
     assert l3_mask(0x1, 1, 0, 1) == 0x1
 
 
@@ -118,6 +162,9 @@ def test_l3_mask_examples() -> None:
         (0, 1, 0, 100),
         (0xF, 5, 0, 100),  # min_cbm_bits wider than the cache
         (0xF, -1, 0, 100),
+        (0x7FF, 1, 10, 15),  # ways [2, 2): no whole way
+        (0x1, 1, 1, 100),  # one way, rounded up past it
+        (0x7FF, 4, 99, 100),  # one way where the cache needs four
     ],
 )
 def test_l3_mask_rejects_bad_input(cbm_mask: int, min_bits: int, start: int, end: int) -> None:
@@ -188,7 +235,7 @@ def test_schemata_lines_examples() -> None:
     assert schemata_lines(_info(), (0, 50), 50) == "L3:0=3f;1=3f\nMB:0=50;1=50\n"
     assert schemata_lines(_info(), (0, 100)) == "L3:0=7ff;1=7ff\n"
     assert schemata_lines(_info(), mb_percent=35) == "MB:0=40;1=40\n"
-    assert schemata_lines(_info(cache_ids=(0, 2), mb_ids=(0, 2)), (50, 100), 100) == "L3:0=7e0;2=7e0\nMB:0=100;2=100\n"
+    assert schemata_lines(_info(cache_ids=(0, 2), mb_ids=(0, 2)), (50, 100), 100) == "L3:0=7c0;2=7c0\nMB:0=100;2=100\n"
     assert schemata_lines(_info(cdp=True), (0, 50)) == "L3CODE:0=3f;1=3f\nL3DATA:0=3f;1=3f\n"
 
 
@@ -232,8 +279,19 @@ def test_schemata_round_trip_through_the_fake_kernel(
         fake = make_fake_resctrl(Path(tmp) / "resctrl", **config)  # type: ignore[arg-type]
         fs = fake.fs()
         info = fs.info()
-        text = schemata_lines(info, rng if info.l3 is not None else None, percent if info.mb is not None else None)
         fs.ensure_group("g")
+        if info.l3 is not None:
+            koordlets = koordlet_mask(info.l3.cbm_mask.bit_length(), *rng)
+            assert koordlets is not None
+            if koordlets.bit_count() < max(1, info.l3.min_cbm_bits):
+                # refused before writing, as the kernel refuses koordlet's mask
+                with pytest.raises(ValueError):
+                    schemata_lines(info, rng)
+                line = ";".join(f"{cache_id}={koordlets:x}" for cache_id in info.l3.cache_ids)
+                with pytest.raises(ResctrlWriteError):
+                    fs.write_schemata("g", "".join(f"{name}:{line}\n" for name in info.l3.schema_names))
+                return
+        text = schemata_lines(info, rng if info.l3 is not None else None, percent if info.mb is not None else None)
         fs.write_schemata("g", text)  # the fake kernel validates it like rdtgroup_schemata_write()
         assert fake.last_cmd_status == "ok\n"
         assert fs.schemata("g") == parse_schemata(text)  # read back exactly what was written

@@ -606,6 +606,20 @@ def test_writes_outside_systemds_units_are_not_sent(tmp_path: Path) -> None:
     assert list(bus.pending()) == [slice_of(slice_parent)]
 
 
+def test_a_qos_tier_write_goes_to_its_slice_unit_too(tmp_path: Path) -> None:
+    """Values kept on kubelet's tier cgroups (kubepods-burstable.slice...) reach systemd as the
+    tier slice's properties, as a pod slice's do; a file systemd never writes stays direct."""
+    bus = SystemdBus("unix:path=/nonexistent")
+    tree = make_fake_cgroup_v2(tmp_path / "sd", driver="systemd", anolis=True)
+    tree.mkdir("kubepods.slice/kubepods-burstable.slice")
+    fs = CgroupFS(tree.root, "systemd", listener=SystemdSync(bus))
+    fs.set_group_identity("kubepods-burstable.slice", 2)
+    assert bus.pending() == {}  # cpu.bvt_warp_ns: no property, systemd leaves it alone
+    fs.set_cpu_shares("kubepods-burstable.slice", 2048)
+    assert list(bus.pending()) == ["kubepods-burstable.slice"]
+    assert tree.read("kubepods-burstable.slice", "cpu.bvt_warp_ns") == "2"
+
+
 def test_content_no_property_can_hold_is_written_counted_and_logged_once(tmp_path: Path) -> None:
     node = make_node(tmp_path)
     parent = node.tree.add_pod("u1", "besteffort")

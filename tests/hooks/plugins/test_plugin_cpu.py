@@ -25,6 +25,7 @@ from runtimeproxy.hooks.extended_resources import BATCH_CPU
 from runtimeproxy.hooks.extended_resources import EXTENDED_RESOURCE_SPEC_ANNOTATION as SPEC_KEY
 from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.plugins import cpu
+from runtimeproxy.hooks.plugins.cpu_tiers import reconcile_tiers
 from runtimeproxy.hooks.policy import DEFAULT_POLICY, Policy
 from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.sdk import ContainerInfo, HookPoint, PodInfo, ResourceChanges, Resources, ServerContext
@@ -104,6 +105,15 @@ def make_pod(
         cgroup_parent=parent,
         resources=resources,
     )
+
+
+def settle_tiers(fs: CgroupFS) -> None:
+    """Give kubelet's QoS-tier cgroups the default policy's group identity, as the first
+    reconcile round does (tests/hooks/plugins/test_plugin_cpu_qos.py tests that), so a test
+    sees only what its pods change."""
+    reconcile_tiers(fs, DEFAULTS.for_class, _NullLog())
+    if isinstance(fs, RecordingFS):
+        fs.writes.clear()
 
 
 def burst_file(tree: FakeCgroup) -> str:
@@ -195,6 +205,7 @@ async def test_be_pod_shares_are_kept_by_the_reconciler(tree: FakeCgroup, fs: Re
     spec = batch_spec(a={"requests": {BATCH_CPU: "500"}}, b={"requests": {BATCH_CPU: "-3"}}, c=None)
     pod = make_pod(parent, qos="BE", uid="be-s", annotations={SPEC_KEY: spec})
     runner = make_runner()
+    settle_tiers(fs)
     await runner.run(RUN, pod=pod)
     expected = "512" if tree.version is CgroupVersion.V1 else str(shares_to_weight(512))
     assert tree.read(parent, shares_file(tree)) == expected  # 0.5 core; a non-positive request counts as none
@@ -343,6 +354,7 @@ async def test_a_pod_whose_cgroup_is_no_pods_gets_nothing_written(
     tree.mkdir("system.slice")
     spec = batch_spec(main={"limits": {BATCH_CPU: "1500"}})
     pod = make_pod(parent, qos="BE", uid="x", annotations={SPEC_KEY: spec})
+    settle_tiers(fs)
     before = _snapshot(tree.root)
     runner = make_runner()
     with capture_logs() as logs:
@@ -515,6 +527,7 @@ async def test_reconcile_repairs_drift_counts_it_and_leaves_settled_pods_alone(
     ls = make_pod(ls_parent, uid="ls-5", resources=Resources(cpu_quota=100000, cpu_period=100000))
     gone = make_pod(tree.pod_parent("gone", "burstable"), uid="gone")
     runner = make_runner(BURSTY)
+    settle_tiers(fs)
     await runner.run(RUN, pod=be)
     await runner.run(RUN, pod=ls)
     assert fs.cpu_quota(be_parent) == (150000, 100000)
@@ -626,6 +639,24 @@ def test_quota_is_unlimited_or_at_least_the_kernel_minimum(milli: int, period: i
 @given(st.integers(min_value=-(10**6), max_value=10**15))
 def test_shares_stay_in_the_kernel_range(milli: int) -> None:
     assert MIN_SHARES <= cpu.milli_cpu_to_shares(milli) <= MAX_SHARES
+
+
+def koordlet_shares(milli: int) -> int:
+    """koordlet's batch-cpu request -> cpu.shares: 2 for none, else milli * 1024 / 1000 (truncated) within 2..262144."""
+    return 2 if milli <= 0 else min(max(milli * 1024 // 1000, 2), 262144)
+
+
+def koordlet_quota(milli: int) -> int:
+    """koordlet's batch-cpu limit -> CFS quota on its 100 ms period: -1 when not positive, at least 1000 µs."""
+    quota = milli * 100_000 // 1000
+    return -1 if quota <= 0 else max(quota, 1000)
+
+
+# Up to 10^8 milli-cores (10^5 CPUs): koordlet's quota stays far below the kernel's 2^44 µs cap.
+@given(st.integers(min_value=-(10**6), max_value=10**8))
+def test_batch_shares_and_quota_are_koordlets_for_the_same_quantities(milli: int) -> None:
+    assert cpu.milli_cpu_to_shares(milli) == koordlet_shares(milli)
+    assert cpu.milli_cpu_to_quota(milli) == koordlet_quota(milli)
 
 
 @given(st.integers(min_value=-1, max_value=cpu.MAX_CFS_QUOTA_US), st.integers(min_value=0, max_value=10000))

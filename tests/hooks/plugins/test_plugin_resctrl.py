@@ -187,6 +187,51 @@ def test_plan_lists_every_cache_id_and_notes_merges(tmp_path: Path) -> None:
     assert "LSE, LSR, LS, SYSTEM stay in the root group" in merged.notes[0]
 
 
+def test_plan_uses_koordlets_way_rounding(tmp_path: Path) -> None:
+    """11 ways: 10-50 % is ways 2..5 (mask 3c), 20-60 % ways 3..6 (mask 78), as koordlet writes them."""
+    fake = make_fake_resctrl(tmp_path / "r", l3_ids=(0,), mb_ids=(0,))
+    info = ResctrlInfo.from_root(fake.root)
+    policy = policy_from(
+        "resctrl:\n  BE: {l3_percent_range: [10, 50], mb_percent: 100}\n"
+        "  LS: {l3_percent_range: [20, 60], mb_percent: 100}\n  SYSTEM: {l3_percent_range: [20, 60], mb_percent: 100}\n"
+    )
+    plan = plan_groups(info, settings_for(policy), 3)
+    assert plan.group(BE).schemata == "L3:0=3c\nMB:0=100\n"
+    assert plan.group(LS).schemata == "L3:0=78\nMB:0=100\n"
+
+
+# A BE range of 10-15 % covers no whole way of 11 (2^(1.1 rounded up) .. 2^(1.65 rounded up)).
+NO_WAY = policy_from("resctrl:\n  BE: {l3_percent_range: [10, 15], mb_percent: 55}\n")
+
+
+def test_a_range_covering_no_whole_way_leaves_that_groups_l3_alone(tmp_path: Path) -> None:
+    fake = make_fake_resctrl(tmp_path / "r", l3_ids=(0, 1), mb_ids=(0, 1))
+    info = ResctrlInfo.from_root(fake.root)
+    plan = plan_groups(info, settings_for(NO_WAY), 3)
+    assert plan.group(BE).schemata == "MB:0=60;1=60\n"
+    assert plan.group(BE).l3_percent_range is None
+    assert "ways [2, 2)" in plan.group(BE).l3_refused
+    assert any(note.startswith(f"{BE}: L3 left as it is") for note in plan.notes)
+    assert plan.group(LS).schemata.startswith("L3:0=7ff;1=7ff\n")
+    l3_only = plan_groups(
+        ResctrlInfo.from_root(make_fake_resctrl(tmp_path / "l3", mb_ids=None).root), settings_for(NO_WAY), 3
+    )
+    assert l3_only.group(BE).schemata == ""
+
+
+async def test_a_refused_l3_range_is_logged_once_and_the_group_keeps_its_ways(make_node: Any) -> None:
+    node = make_node(mb_ids=None, policy=NO_WAY)
+    with capture_logs() as logs:
+        assert await node.runner.start() == []
+        await node.runner.reconcile(pods=[])
+        await node.runner.reconcile(pods=[])
+    refused = [entry for entry in logs if entry["event"] == "resctrl L3 range refused for this cache"]
+    assert len(refused) == 1 and refused[0]["group"] == BE
+    assert node.fake.groups() == [BE, LS, LSR]
+    assert node.fake.schemata_writes(BE) == []  # nothing the kernel would refuse is written
+    assert node.fake.schemata(BE)["L3"] == {0: 0x7FF, 1: 0x7FF}  # a new group's full mask, untouched
+
+
 # --- start: groups and schemata -----------------------------------------------------------------
 
 
@@ -477,8 +522,12 @@ async def test_handlers_before_start_set_up_on_first_use(make_node: Any, spawn: 
 # symlink to its sibling instead of a directory, its children).
 _TREES = st.recursive(
     st.tuples(st.booleans(), st.lists(st.integers(1, 99999), max_size=3), st.just(False), st.just(())),
-    lambda children: st.tuples(st.booleans(), st.lists(st.integers(1, 99999), max_size=3), st.booleans(),
-                               st.lists(children, max_size=3).map(tuple)),
+    lambda children: st.tuples(
+        st.booleans(),
+        st.lists(st.integers(1, 99999), max_size=3),
+        st.booleans(),
+        st.lists(children, max_size=3).map(tuple),
+    ),
     max_leaves=8,
 )
 
