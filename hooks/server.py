@@ -62,7 +62,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
-from runtimeproxy.common import trace
+from runtimeproxy.common import logs, trace
 from runtimeproxy.common.cli_options import DEFAULT_HOOK_CONFIG_DIR  # the directory the proxy reads
 from runtimeproxy.common.listener import UnixListener, open_unix_listener
 from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
@@ -447,6 +447,14 @@ class RuntimeHooksServer:
             return await answer(_decode(request_type, raw, point))
 
         async def answer(request: Any) -> bytes:
+            release = logs.hold()  # the plugins' log lines go out after the answer: the proxy waits for it
+            try:
+                return await _answer(request)
+            finally:
+                # the server writes the answer in the step that returns it; this runs after that
+                asyncio.get_running_loop().call_soon(release)
+
+        async def _answer(request: Any) -> bytes:
             try:
                 if pod_kind:
                     pod, container = pod_from_request(request), None

@@ -30,14 +30,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from .cgroups import CgroupError, CgroupFS, CgroupVersion, CgroupWrite
-from .systemd_bus import SystemdBus
 from .systemd_units import RESET_WITHOUT_PROPERTY, unit_of_cgroup, unit_properties
+
+if TYPE_CHECKING:  # the bus (dbus_fast) is loaded only where systemd sync is on (hooks/cli.py)
+    from .systemd_bus import SystemdBus
 
 __all__ = ["REAPPLY_INTERVAL", "SystemdSync"]
 

@@ -6,6 +6,9 @@ run. :class:`PodQueues` keeps the pod's events in arrival order: work submitted 
 only when everything submitted earlier for that key has finished (succeeded, failed or been
 cancelled); different keys run concurrently. :meth:`PodQueues.submit` must be called before the
 caller's first ``await`` for the event, so that submission order is the order the events came in.
+:meth:`PodQueues.run` is ``await submit(...)`` for a caller that waits for the work anyway: when
+nothing of the key is queued, the work runs in the caller's own task (no task of its own, no
+loop turn to start it), and work submitted meanwhile for the key waits for the caller's task.
 """
 
 from __future__ import annotations
@@ -39,6 +42,20 @@ class PodQueues:
         self._tasks.add(task)
         task.add_done_callback(lambda done: self._finished(key, done))
         return task
+
+    async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
+        """``await self.submit(key, work)``, in the calling task when nothing of ``key`` is queued
+        (module doc). Registers before its first suspension, as submit does."""
+        previous = self._tails.get(key)
+        caller = asyncio.current_task()
+        if caller is None or (previous is not None and not previous.done()):
+            return await self.submit(key, work)
+        self._tails[key] = caller
+        try:
+            return await work()
+        finally:
+            if self._tails.get(key) is caller:
+                del self._tails[key]
 
     def _finished(self, key: str, task: asyncio.Task[T]) -> None:
         self._tasks.discard(task)

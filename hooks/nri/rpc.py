@@ -16,6 +16,11 @@ the runtime waiting.
 timeout (sent along as ``timeout_nano``, so the peer knows the deadline too). A status other
 than OK raises RpcError; a closed connection fails every call in flight with UNAVAILABLE.
 
+**Answer first.** The runtime waits for each answer, so what a method has to say about a request
+that does not change the answer (log lines, metrics) waits until the answer is written: the
+method hands it to :func:`after_answer`, and the server runs it right after the write; log lines
+collected meanwhile are written then too (runtimeproxy/common/logs.py ``hold``).
+
 A frame over ttrpc's size limit makes ``feed`` raise FrameTooLarge (hooks/nri/ttrpc.py), on
 either side: the stream cannot be read on, and the connection is to be closed.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -31,19 +37,60 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb
+from runtimeproxy.common import logs
 from runtimeproxy.wire.grpc_framing import CODE_NAMES, StatusCode
 
 from .ttrpc import Frame, FrameDecoder, MessageType, encode_frame
 
 # ttrpc answers with gRPC's status codes (containerd/ttrpc server.go uses google.golang.org/grpc/codes):
 # one table, the relay's.
-__all__ = ["Method", "RpcError", "StatusCode", "TtrpcClient", "TtrpcServer"]
+__all__ = ["Method", "RpcError", "StatusCode", "TtrpcClient", "TtrpcServer", "after_answer"]
 
 log = structlog.get_logger("runtimeproxy.hooks.nri.rpc")
 
 #: A served method: the request payload and the seconds left before the caller's deadline
 #: (None: it set none) -> the response payload.
 Method = Callable[[bytes, float | None], Awaitable[bytes]]
+
+
+class _AfterAnswer:
+    """One request's work waiting for its answer; once answered, work given to it runs at once
+    (the hooks of a notification run after its answer, in a task that inherited the request's)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[Callable[[], None]] | None = []
+
+    def add(self, work: Callable[[], None]) -> None:
+        if self.waiting is None:
+            _run_reporting(work)
+        else:
+            self.waiting.append(work)
+
+    def answered(self) -> None:
+        waiting, self.waiting = self.waiting or [], None
+        for work in waiting:
+            _run_reporting(work)
+
+
+def _run_reporting(work: Callable[[], None]) -> None:
+    try:
+        work()
+    except Exception:  # a bug in reporting must not hide the other reports
+        log.exception("reporting on an NRI request failed")
+
+
+#: The request being served in this task (and the tasks it starts); None: none.
+_request: contextvars.ContextVar[_AfterAnswer | None] = contextvars.ContextVar("ttrpc_request", default=None)
+
+
+def after_answer(work: Callable[[], None]) -> None:
+    """Run ``work`` once the answer to the request being served is written (module doc); at once
+    outside a request or after its answer."""
+    request = _request.get()
+    if request is None:
+        work()
+    else:
+        request.add(work)
 
 
 class RpcError(Exception):
@@ -96,6 +143,16 @@ class TtrpcServer:
         task.add_done_callback(self._tasks.discard)
 
     async def _answer(self, stream_id: int, request: Any, method: Method, timeout: float | None) -> None:
+        after = _AfterAnswer()
+        _request.set(after)  # this task's own context: the tasks the method starts inherit it
+        release = logs.hold()
+        try:
+            await self._call(stream_id, request, method, timeout)
+        finally:
+            after.answered()
+            release()
+
+    async def _call(self, stream_id: int, request: Any, method: Method, timeout: float | None) -> None:
         try:
             payload = await method(bytes(request.payload), timeout)
         except RpcError as exc:

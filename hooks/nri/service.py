@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -68,7 +68,7 @@ from .nri_metrics import NriMetrics
 from .oom import OomNotApplied, OomScores
 from .ordering import PodQueues
 from .repair import LIVE_STATES, SynchronizeUpdates, synchronize_updates
-from .rpc import Method, RpcError, StatusCode
+from .rpc import Method, RpcError, StatusCode, after_answer
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "PLUGIN_SERVICE", "RUNTIME_SERVICE", "NriHooks", "SyncCallback"]
 
@@ -218,10 +218,11 @@ class NriHooks:
             log.warning("NRI event hooks still running at stop cancelled", pods=len(self.queues))
             await self.queues.cancel()
 
-    def _in_line(self, event: _Event) -> asyncio.Task[HookResponse | None]:
-        """The event's hooks, after the pod's earlier events' hooks, for the caller to answer with.
-        Called before any await of the caller's, so that the pod's events keep their order."""
-        return self.queues.submit(event.pod.id, lambda: self._handle(event))
+    def _in_line(self, event: _Event) -> Awaitable[HookResponse | None]:
+        """The event's hooks, after the pod's earlier events' hooks, for the caller to answer with
+        (in the caller's task when none are queued). Awaited before any other await of the
+        caller's, so that the pod's events keep their order."""
+        return self.queues.run(event.pod.id, lambda: self._handle(event))
 
     def _later(self, event: _Event) -> None:
         """A notification: its hooks run after the pod's earlier ones; the runtime is answered now."""
@@ -266,16 +267,20 @@ class NriHooks:
             log.error("plugins missed NRI's deadline; answered without changes", budget_s=event.budget, **event.bound)
         finally:
             seconds = time.perf_counter() - event.arrived
-            self.metrics.record(event.name, outcome, seconds)
-            log.info(
-                "NRI event handled",
-                hooks=[p.value for p in points],
-                outcome=outcome,
-                seconds=round(seconds, 6),
-                answered="before the hooks" if event.event in DEFERRED else "after the hooks",
-                **event.bound,
-            )
+            after_answer(lambda: self._handled(event, points, outcome, seconds))
         return answer
+
+    def _handled(self, event: _Event, points: Sequence[HookPoint], outcome: str, seconds: float) -> None:
+        """An event's metrics and log line: once it is answered (hooks/nri/rpc.py after_answer)."""
+        self.metrics.record(event.name, outcome, seconds)
+        log.info(
+            "NRI event handled",
+            hooks=[p.value for p in points],
+            outcome=outcome,
+            seconds=round(seconds, 6),
+            answered="before the hooks" if event.event in DEFERRED else "after the hooks",
+            **event.bound,
+        )
 
     # -- the OOM score (hooks/nri/oom.py) --
 
@@ -307,8 +312,12 @@ class NriHooks:
     def _report(
         self, event: int, container: Any | None, not_applied: NotApplied, bound: Mapping[str, str] | None = None
     ) -> None:
-        if not not_applied:
-            return
+        if not_applied:
+            after_answer(lambda: self._report_now(event, container, not_applied, bound))
+
+    def _report_now(
+        self, event: int, container: Any | None, not_applied: NotApplied, bound: Mapping[str, str] | None
+    ) -> None:
         for field_name in not_applied.names():
             self.metrics.not_applied.labels(field=field_name.partition("[")[0]).inc()
         where = dict(bound) if bound is not None else {"nri_event": EVENT_NAMES[event]}

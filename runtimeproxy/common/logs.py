@@ -12,6 +12,10 @@ lines (they may precede a crash) are written at once, after whatever is collecte
 one thread never change order. What is collected is also written at interpreter exit (atexit).
 A SIGKILL or a segfault loses at most the info/warning lines of the loop turn it interrupts; a
 loop closed with lines collected in its last turn leaves them for the next write or the exit.
+
+A server whose caller waits for its answer takes :func:`hold` while it answers: collected lines
+are then written after the answer, not in the loop turns before it (the caller's wait does not
+include our logging). Lines wait at most as long as the longest answer held.
 """
 
 from __future__ import annotations
@@ -33,7 +37,16 @@ from typing import Any
 import structlog
 from structlog.typing import EventDict, FilteringBoundLogger, Processor, WrappedLogger
 
-__all__ = ["FORMATS", "LEVELS", "cached_logger", "configure_logging", "debug_enabled", "flush", "get_logger"]
+__all__ = [
+    "FORMATS",
+    "LEVELS",
+    "cached_logger",
+    "configure_logging",
+    "debug_enabled",
+    "flush",
+    "get_logger",
+    "hold",
+]
 
 LEVELS: dict[str, int] = {
     "debug": logging.DEBUG,
@@ -62,6 +75,7 @@ _lock = threading.Lock()  # one write at a time, so lines never interleave or ch
 _pending: list[str] = []  # whole lines ("...\n") collected on loop threads, oldest first
 _armed: set[asyncio.AbstractEventLoop] = set()  # loops with a flush scheduled and not yet run
 _running_loop = asyncio._get_running_loop  # the C lookup asyncio.get_running_loop uses, minus the raise
+_holds = 0  # answers in flight that write their answer before the collected lines (hold())
 
 
 def _write(text: str) -> None:
@@ -85,6 +99,8 @@ def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
     """The loop turn's flush: one write for every line collected since the last one."""
     with _lock:
         _armed.discard(loop)
+        if _holds:  # an answer is in flight: its release() writes the lines
+            return
         text = _take_pending()
         if not text:
             return
@@ -93,6 +109,29 @@ def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
         except (OSError, ValueError) as exc:  # stdout closed or gone: say so where it can still be read
             lost = text.count("\n")
             sys.stderr.write(f"runtimeproxy.common.logs: {lost} log lines lost: {exc!r}\n")
+
+
+def hold() -> Callable[[], None]:
+    """Keep collected lines until the returned release is called (once, when the answer is
+    written); with several holds, until the last is released. Error lines are not held."""
+    global _holds
+    with _lock:
+        _holds += 1
+    released = False
+
+    def release() -> None:
+        global _holds
+        nonlocal released
+        if released:
+            return
+        released = True
+        with _lock:
+            _holds -= 1
+            if _holds:
+                return
+        flush()
+
+    return release
 
 
 def flush() -> None:
@@ -106,8 +145,9 @@ def flush() -> None:
 def _forget_in_child() -> None:
     """A forked child starts with no lines of its parent's (the parent writes them) and a fresh
     lock (another thread of the parent may have held it at the fork)."""
-    global _lock
+    global _lock, _holds
     _lock = threading.Lock()
+    _holds = 0
     _pending.clear()
     _armed.clear()
 

@@ -212,3 +212,35 @@ def test_a_forked_child_does_not_write_its_parents_lines() -> None:
     done = _run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count('"event": "parent line"') == 1
+
+
+def test_held_lines_wait_for_the_last_release(out: Recorder) -> None:
+    async def main() -> None:
+        first, second = logs.hold(), logs.hold()
+        log.info("a")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert out.writes == []  # an answer is in flight: its lines wait
+        first()
+        first()  # a second release of the same hold changes nothing
+        assert out.writes == []
+        second()
+        assert out.events() == [["a"]]  # the last release writes them
+        log.info("b")
+        await asyncio.sleep(0)  # no hold: back to one write per turn
+
+    with out.installed():
+        asyncio.run(main())
+    assert out.events() == [["a"], ["b"]]
+
+
+def test_error_lines_are_not_held(out: Recorder) -> None:
+    async def main() -> None:
+        release = logs.hold()
+        log.info("a")
+        log.error("b")
+        assert out.events() == [["a", "b"]]
+        release()
+
+    with out.installed():
+        asyncio.run(main())

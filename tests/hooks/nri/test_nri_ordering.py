@@ -47,6 +47,36 @@ async def test_work_for_one_key_runs_in_submission_order_and_keys_run_side_by_si
     assert len(queues) == 0
 
 
+async def test_run_uses_the_callers_task_when_idle_and_keeps_the_order_either_way() -> None:
+    queues = PodQueues()
+    log: list[str] = []
+    release = asyncio.Event()
+
+    async def step(name: str, wait: asyncio.Event | None = None) -> asyncio.Task[Any] | None:
+        log.append(f"{name} start")
+        if wait is not None:
+            await wait.wait()
+        log.append(f"{name} end")
+        return asyncio.current_task()
+
+    async def caller() -> tuple[asyncio.Task[Any] | None, asyncio.Task[Any] | None]:
+        return asyncio.current_task(), await queues.run("pod", lambda: step("a1", release))
+
+    first = asyncio.get_running_loop().create_task(caller())
+    await asyncio.sleep(0)  # a1 runs in its caller's task and waits
+    later = queues.submit("pod", lambda: step("a2"))  # arrives meanwhile: waits for a1
+    queued = asyncio.get_running_loop().create_task(queues.run("pod", lambda: step("a3")))
+    await asyncio.sleep(0)
+    assert log == ["a1 start"]
+    release.set()
+    own, ran_in = await first
+    assert ran_in is own  # no task of its own
+    await later
+    assert await queued is not None
+    assert log == ["a1 start", "a1 end", "a2 start", "a2 end", "a3 start", "a3 end"]
+    assert len(queues) == 0
+
+
 async def test_a_failed_or_cancelled_earlier_item_does_not_block_the_pod() -> None:
     queues = PodQueues()
 

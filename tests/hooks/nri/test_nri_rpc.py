@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, encode_chunks
 from runtimeproxy.hooks.nri.nri_metrics import NriMetrics
 from runtimeproxy.hooks.nri.plugin import NriPlugin, NriSettings
-from runtimeproxy.hooks.nri.rpc import Method, RpcError, StatusCode, TtrpcClient, TtrpcServer
+from runtimeproxy.hooks.nri.rpc import Method, RpcError, StatusCode, TtrpcClient, TtrpcServer, after_answer
 from runtimeproxy.hooks.nri.runtime_link import NriUnavailable, connect
 from runtimeproxy.hooks.nri.service import NriHooks
 from runtimeproxy.hooks.nri.ttrpc import HEADER, Frame, FrameDecoder, MessageType, encode_frame
@@ -59,6 +59,32 @@ async def test_a_call_gets_its_answer_and_the_deadline_travels() -> None:
     client, _ = wired()
     assert await client.call("s", "echo", b"hi", timeout=2.0) == b"hi|2.0"
     assert await client.call("s", "echo", b"again", timeout=1.0) == b"again|1.0"
+
+
+async def test_work_after_the_answer_runs_once_the_answer_is_written() -> None:
+    order: list[str] = []
+
+    async def answer_then_report(payload: bytes, timeout: float | None) -> bytes:
+        async def hooks() -> None:  # a task the method starts shares its request's list
+            after_answer(lambda: order.append("report from a task"))
+
+        await asyncio.get_running_loop().create_task(hooks())
+        after_answer(lambda: order.append("report"))
+        after_answer(lambda: 1 / 0)  # a failing report is logged; the others still run
+        return payload
+
+    def sent(data: bytes) -> None:
+        order.append("answer")
+
+    server = TtrpcServer({("s", "m"): answer_then_report}, sent)
+    request = ttrpc_pb.Request(service="s", method="m", payload=b"x").SerializeToString()
+    with capture_logs() as logged:
+        server.feed(encode_frame(1, MessageType.REQUEST, request))
+        await asyncio.sleep(0.01)
+    assert order == ["answer", "report from a task", "report"]
+    assert [r["event"] for r in logged] == ["reporting on an NRI request failed"]
+    after_answer(lambda: order.append("outside a request"))  # at once
+    assert order[-1] == "outside a request"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,436 @@
+"""runtime-hooks as an NRI plugin against a Go NRI plugin doing the same BE adjustments.
+
+    python bench/nri_peer_bench.py [--pods N] [--rounds R] [--traced N] [--json FILE]
+
+One containerd 1.7 (the test bed's, NRI on) with two probe plugins registered for the whole
+run at index 01 and 99 (bench/nri_go_peer in ``-probe`` mode: they note when each event reaches
+them). Each round starts N BestEffort pods (labelled and annotated as bench/nri_bench.py's) for
+each target in turn, the order rotating from round to round:
+
+* ``none``: no plugin between the probes;
+* ``go``: the Go peer (bench/nri_go_peer/main.go, built offline by bench/go_peer.py) at index 50;
+* ``nri``: ``runtime-hooks serve --nri-socket`` at index 50;
+* ``proxy``: pods started through ``runtime-proxy serve`` calling ``runtime-hooks`` in proxy mode
+  (both started once for the run; no NRI plugin between the probes).
+
+The plugin of ``go`` and ``nri`` is started for its block and stopped after it. Reported:
+
+* **added time per event**: for each pod and event, the probe at 99 minus the probe at 01 (the
+  time containerd spends on the plugins between them), p50 per target, and minus ``none``'s p50;
+* **inside the plugin**: in extra ``--traced`` pods per round the plugin runs under
+  ``strace -ttt -T -e read,write,readv,writev``; for each event, from the end of the read that
+  completes it on the NRI socket to the start of the write of its answer (strace slows every
+  syscall alike in both plugins: compare the two, not the absolute figures);
+* **pod start**: RunPodSandbox + CreateContainer + StartContainer as the CRI client sees them,
+  mean ratio to ``none`` and ``proxy`` against ``go``;
+* **RSS** of the plugin at the end of its block and **start to registered**: from spawning the
+  plugin to containerd's "synchronizing plugin" log line for it.
+
+Each figure comes with its spread over rounds (the p50 of each round: min..max). The load
+average before and after is printed too; the machine's noise is in the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import go_peer
+from nri_bench import PROXY, daemon, hooks_args, remove_cgroups, start_pod
+from relay_bench import percentile
+
+from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
+from runtimeproxy.play.cri_client import CriClient
+from runtimeproxy.testbed import Containerd
+from runtimeproxy.testbed.runtimes import locate
+
+TARGETS = ("none", "go", "nri", "proxy")
+PLUGINS = ("go", "nri")
+EVENTS = ("RunPodSandbox", "CreateContainer", "PostStartContainer")
+PLUGIN_INDEX = "50"
+STATE_EVENTS = {nri_pb.RUN_POD_SANDBOX: "RunPodSandbox", nri_pb.POST_START_CONTAINER: "PostStartContainer"}
+
+
+# -- plugins -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def go_plugin(binary: Path, bed: Containerd, work: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The Go peer (or a probe, with ``-probe``) registered with ``bed`` until the block ends."""
+    log = (work / "go-peer.log").open("ab")
+    proc = subprocess.Popen([str(binary), "-socket", str(bed.nri_socket), *args], stdout=log, stderr=log)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def registered_at(bed: Containerd, name: str, after: float, timeout: float = 20.0) -> float:
+    """Wall-clock time of containerd's "synchronizing plugin <name>" line logged after ``after``."""
+    pattern = re.compile(r'time="([^"]+)".*synchronizing plugin ' + re.escape(name) + r"\b")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in bed.log_path.read_text(errors="replace").splitlines():
+            found = pattern.search(line)
+            if found:
+                stamp = datetime.datetime.fromisoformat(found.group(1).replace("Z", "+00:00")).timestamp()
+                if stamp >= after:
+                    return stamp
+        time.sleep(0.01)
+    raise SystemExit(f"plugin {name} did not register within {timeout:g}s")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextlib.contextmanager
+def plugin_under_test(
+    target: str, binary: Path, bed: Containerd, work: Path, record: dict[str, list[float]]
+) -> Iterator[int]:
+    """The plugin of ``target`` registered at PLUGIN_INDEX; yields its pid. Notes its start to
+    registered and (at the end) its RSS in ``record``."""
+    spawned = time.time()
+    if target == "go":
+        name = f"{PLUGIN_INDEX}-go-peer"
+        with go_plugin(binary, bed, work, "-index", PLUGIN_INDEX, "-name", "go-peer") as proc:
+            record["registered_s"].append(registered_at(bed, name, spawned) - spawned)
+            yield proc.pid
+            record["rss_mib"].append(rss_mib(proc.pid))
+        return
+    args = hooks_args(bed, work, "--nri-socket", str(bed.nri_socket), "--nri-plugin-index", PLUGIN_INDEX)
+    args[args.index("--endpoint") + 1] = str(work / "hooks-nri.sock")
+    with daemon(work, "hooks-nri", args):
+        pid = _pid_of(work / "hooks-nri.sock")
+        record["registered_s"].append(registered_at(bed, f"{PLUGIN_INDEX}-runtime-hooks", spawned) - spawned)
+        yield pid
+        record["rss_mib"].append(rss_mib(pid))
+
+
+def _pid_of(endpoint: Path) -> int:
+    """The process serving ``endpoint`` (fuser, from psmisc)."""
+    pids = subprocess.run(["fuser", str(endpoint)], capture_output=True, text=True, check=False).stdout.split()
+    if not pids:
+        raise SystemExit(f"no process serves {endpoint} (is fuser installed?)")
+    return int(pids[0])
+
+
+# -- pods --------------------------------------------------------------------------------------
+
+
+def pods_block(bed: Containerd, endpoint: str, pods: int) -> list[tuple[str, list[float]]]:
+    """(pod uid, seconds of each CRI call) of ``pods`` BE pods started one at a time."""
+    started, parents = [], []
+    with CriClient(endpoint, timeout=60) as cri:
+        for _ in range(pods):
+            calls, parent = start_pod(cri, bed)
+            parents.append(parent)
+            started.append((parent.rsplit("/pod", 1)[1], calls))
+    bed.remove_all_pods()
+    for parent in parents:
+        remove_cgroups(parent)
+    return started
+
+
+# -- strace ------------------------------------------------------------------------------------
+
+_SYSCALL = re.compile(r"^(?:\d+\s+)?([\d.]+) (read|write|readv|writev)\((\d+), (.*) = (-?\d+)(?: \S+)*? <([\d.]+)>$")
+
+
+def _bytes_of(text: str) -> bytes:
+    """The first bytes strace printed of a buffer (``-xx``: every byte as \\xNN)."""
+    found = re.search(r'"((?:\\x[0-9a-f]{2})*)"', text)
+    return bytes.fromhex(found.group(1).replace("\\x", "")) if found else b""
+
+
+def _event_of(data: bytes) -> str | None:
+    """The NRI event a request chunk carries: mux header (8), ttrpc header (10), then the
+    ttrpc Request: service, method and payload (for StateChange: its event number)."""
+    if b"CreateContainer" in data:
+        return "CreateContainer"
+    marker = data.find(b"StateChange")
+    if marker < 0:
+        return None
+    rest = data[marker + len(b"StateChange") :]
+    # payload field (0x1a, length varint), then StateChangeEvent field 1 (0x08, event)
+    at = rest.find(b"\x08", 2)
+    return STATE_EVENTS.get(rest[at + 1]) if 0 <= at < len(rest) - 1 else None
+
+
+def inside_times(trace: Path) -> dict[str, list[float]]:
+    """Per event: from the end of the read completing it to the start of the answer's write, same fd."""
+    found: dict[str, list[float]] = {}
+    waiting: dict[int, tuple[str, float]] = {}
+    for line in trace.read_text(errors="replace").splitlines():
+        match = _SYSCALL.match(line.strip())
+        if not match:
+            continue
+        start, call, fd, rest, result, took = match.groups()
+        if int(result) <= 0:
+            continue
+        if call.startswith("read"):
+            event = _event_of(_bytes_of(rest))
+            if event is not None:
+                waiting[int(fd)] = (event, float(start) + float(took))
+        elif int(fd) in waiting:
+            event, read_end = waiting.pop(int(fd))
+            found.setdefault(event, []).append(float(start) - read_end)
+    return found
+
+
+@contextlib.contextmanager
+def traced(pid: int, out: Path) -> Iterator[None]:
+    proc = subprocess.Popen(
+        [
+            "strace",
+            "-f",
+            "-ttt",
+            "-T",
+            "-xx",
+            "-s",
+            "160",
+            "-e",
+            "trace=read,write,readv,writev",
+            "-o",
+            str(out),
+            "-p",
+            str(pid),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # attached to every thread
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+def probe_times(path: Path) -> dict[tuple[str, str], float]:
+    times: dict[tuple[str, str], float] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            event, uid, ns = line.split()
+            times[(event, uid)] = int(ns) / 1e9
+    return times
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    binary = go_peer.build()
+    bed = Containerd(build=locate("1.7"), nri=True)
+    work = Path(tempfile.mkdtemp(prefix="rtpxpb-", dir="/tmp"))
+    pods: dict[str, list[list[tuple[str, list[float]]]]] = {target: [] for target in TARGETS}
+    plugin: dict[str, dict[str, list[float]]] = {t: {"registered_s": [], "rss_mib": []} for t in PLUGINS}
+    inside: dict[str, list[dict[str, list[float]]]] = {t: [] for t in PLUGINS}
+    try:
+        bed.start()
+        config_dir = work / "hookserver.d"
+        proxy_args = [
+            *PROXY,
+            "serve",
+            "--endpoint",
+            f"unix://{work / 'proxy.sock'}",
+            "--remote-runtime-endpoint",
+            bed.address,
+            "--hook-config-dir",
+            str(config_dir),
+            "--cgroup-parent-root",
+            "/" + bed.cgroup_prefix,
+            "--log-format",
+            "json",
+        ]
+        proxy_hooks = hooks_args(bed, work, "--hook-config-dir", str(config_dir))
+        first, last = work / "probe-01.txt", work / "probe-99.txt"
+        with (
+            go_plugin(binary, bed, work, "-index", "01", "-name", "probe", "-probe", str(first)),
+            go_plugin(binary, bed, work, "-index", "99", "-name", "probe", "-probe", str(last)),
+            daemon(work, "proxy", proxy_args),
+            daemon(work, "hooks-proxy", proxy_hooks),
+        ):
+            time.sleep(1.0)  # the probes register, the proxy picks the hook server's registration up
+            pods_block(bed, bed.address, 2)  # warm-up: images, page cache
+            for number in range(args.rounds):
+                order = TARGETS[number % len(TARGETS) :] + TARGETS[: number % len(TARGETS)]
+                for target in order:
+                    if target in PLUGINS:
+                        with plugin_under_test(target, binary, bed, work, plugin[target]):
+                            pods[target].append(pods_block(bed, bed.address, args.pods))
+                    else:
+                        endpoint = f"unix://{work / 'proxy.sock'}" if target == "proxy" else bed.address
+                        pods[target].append(pods_block(bed, endpoint, args.pods))
+                for target in PLUGINS if args.traced else ():
+                    trace = work / f"trace-{target}-{number}.txt"
+                    record: dict[str, list[float]] = {"registered_s": [], "rss_mib": []}  # not the traced ones
+                    with plugin_under_test(target, binary, bed, work, record) as pid, traced(pid, trace):
+                        pods_block(bed, bed.address, args.traced)
+                    inside[target].append(inside_times(trace))
+        probes = (probe_times(first), probe_times(last))
+    finally:
+        with contextlib.suppress(Exception):
+            bed.stop()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return summarize(pods, probes, plugin, inside)
+
+
+def _spread(rounds: list[float]) -> dict[str, float]:
+    return {"min": min(rounds), "max": max(rounds)} if rounds else {}
+
+
+def _p50(values: list[float]) -> float:
+    return percentile(sorted(values), 0.5) if values else float("nan")
+
+
+def summarize(
+    pods: dict[str, list[list[tuple[str, list[float]]]]],
+    probes: tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]],
+    plugin: dict[str, dict[str, list[float]]],
+    inside: dict[str, list[dict[str, list[float]]]],
+) -> dict[str, Any]:
+    first, last = probes
+    result: dict[str, Any] = {"added_ms": {}, "inside_ms": {}, "pod_start": {}, "plugin": {}}
+    between: dict[str, dict[str, list[list[float]]]] = {}
+    for target, rounds in pods.items():
+        between[target] = {event: [] for event in EVENTS}
+        for block in rounds:
+            for event in EVENTS:
+                times = [
+                    last[(event, uid)] - first[(event, uid)]
+                    for uid, _ in block
+                    if (event, uid) in first and (event, uid) in last
+                ]
+                between[target][event].append(times)
+    for target in TARGETS:
+        row = {}
+        for event in EVENTS:
+            pooled = [t for block in between[target][event] for t in block]
+            base = [t for block in between["none"][event] for t in block]
+            per_round = [
+                (_p50(b) - _p50(n)) * 1e3 for b, n in zip(between[target][event], between["none"][event], strict=True)
+            ]
+            row[event] = {
+                "between_p50": _p50(pooled) * 1e3,
+                "added_p50": (_p50(pooled) - _p50(base)) * 1e3,
+                "count": len(pooled),
+                "rounds": _spread(per_round),
+            }
+        result["added_ms"][target] = row
+    for target in PLUGINS:
+        row = {}
+        for event in EVENTS:
+            per_round = [_p50(r.get(event, [])) * 1e3 for r in inside[target] if r.get(event)]
+            pooled = [t for r in inside[target] for t in r.get(event, [])]
+            row[event] = {"p50": _p50(pooled) * 1e3, "count": len(pooled), "rounds": _spread(per_round)}
+        result["inside_ms"][target] = row
+    none_mean = statistics.mean(sum(calls) for block in pods["none"] for _, calls in block)
+    go_mean = statistics.mean(sum(calls) for block in pods["go"] for _, calls in block)
+    for target, rounds in pods.items():
+        starts = [sum(calls) for block in rounds for _, calls in block]
+        per_round = [
+            statistics.mean(sum(c) for _, c in block) / statistics.mean(sum(c) for _, c in base)
+            for block, base in zip(rounds, pods["none"], strict=True)
+        ]
+        result["pod_start"][target] = {
+            "pods": len(starts),
+            "p50_ms": _p50(starts) * 1e3,
+            "mean_ms": statistics.mean(starts) * 1e3,
+            "vs_none": statistics.mean(starts) / none_mean,
+            "vs_go": statistics.mean(starts) / go_mean,
+            "rounds_vs_none": _spread(per_round),
+        }
+    for target in PLUGINS:
+        figures = plugin[target]
+        result["plugin"][target] = {
+            "rss_mib": statistics.mean(figures["rss_mib"]),
+            "rss_spread": _spread(figures["rss_mib"]),
+            "registered_s": _p50(figures["registered_s"]),
+            "registered_spread": _spread(figures["registered_s"]),
+        }
+    return result
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = [
+        "| added per event, p50 (probes 01..99, minus none) | " + " | ".join(EVENTS) + " |",
+        "|---|" + "---|" * len(EVENTS),
+    ]
+    for target, row in result["added_ms"].items():
+        cells = [
+            f"{r['added_p50']:+.2f} ms ({r['rounds'].get('min', 0):+.2f}..{r['rounds'].get('max', 0):+.2f})"
+            for r in row.values()
+        ]
+        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| inside the plugin, p50 (read to answer's write, under strace) | " + " | ".join(EVENTS) + " |",
+        "|---|" + "---|" * len(EVENTS),
+    ]
+    for target, row in result["inside_ms"].items():
+        cells = [
+            f"{r['p50']:.3f} ms ({r['rounds'].get('min', 0):.3f}..{r['rounds'].get('max', 0):.3f}, n={r['count']})"
+            for r in row.values()
+        ]
+        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+    lines += ["", "| pod start | pods | p50 | mean | vs none (rounds) | vs go |", "|---|---|---|---|---|---|"]
+    for target, row in result["pod_start"].items():
+        spread = row["rounds_vs_none"]
+        lines.append(
+            f"| {target} | {row['pods']} | {row['p50_ms']:.1f} ms | {row['mean_ms']:.1f} ms | "
+            f"{row['vs_none']:.3f}x ({spread['min']:.3f}..{spread['max']:.3f}) | {row['vs_go']:.3f}x |"
+        )
+    lines += ["", "| plugin | RSS after its block | start to registered, p50 |", "|---|---|---|"]
+    for target, row in result["plugin"].items():
+        rss, reg = row["rss_spread"], row["registered_spread"]
+        lines.append(
+            f"| {target} | {row['rss_mib']:.1f} MiB ({rss['min']:.1f}..{rss['max']:.1f}) | "
+            f"{row['registered_s']:.3f} s ({reg['min']:.3f}..{reg['max']:.3f}) |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=10, help="pods per block (default 10)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of all targets (default 3)")
+    parser.add_argument(
+        "--traced", type=int, default=5, help="pods per round under strace, per plugin (default 5; 0: none)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, traces, probe files)")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg()
+    result = run(args)
+    result["load_average"] = {"before": load_before, "after": os.getloadavg()}
+    print(render(result))
+    print(f"\nload average (1, 5, 15 min): before {load_before}, after {result['load_average']['after']}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
