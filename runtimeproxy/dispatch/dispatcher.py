@@ -18,8 +18,9 @@ label of runtimeproxy_hook_calls):
 
 Each of the last five, under failure policy Fail, ends the CRI call of a pre-hook with an
 error naming server, hook and what it answered, with the status the outcome carries (never
-UNIMPLEMENTED, which kubelet would read as the runtime lacking the CRI method); under Ignore
-the call goes on unchanged, and the failure is logged and counted. Post-hooks never fail a
+UNIMPLEMENTED, which kubelet would read as the runtime lacking the CRI method), counted in
+runtimeproxy_cri_calls_refused; under Ignore the call goes on unchanged, and the failure is
+logged and counted. Post-hooks never fail a
 call (containerd has already carried it out).
 
 Hook servers are called over the proxy's own HTTP/2 client (runtimeproxy.wire.grpc_client), one
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -43,7 +45,7 @@ from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.common.metrics_export import CallCollector, CallFamilies
 from runtimeproxy.dispatch.registry import FailurePolicy, HookRegistry, HookServer
 from runtimeproxy.hookapi.cri_mapping import InvalidHookOutput
-from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
+from runtimeproxy.hookapi.hookpoints import HOOKS_BY_METHOD, HookKind, HookPoint
 from runtimeproxy.hookapi.value_bounds import cut
 from runtimeproxy.wire.grpc_client import H2Channel, NotGrpcAnswer, RpcError
 from runtimeproxy.wire.grpc_framing import StatusCode
@@ -58,6 +60,10 @@ RESPONSE_TYPES: dict[HookKind, Any] = {
 # Per hook point, its RPC's path and response type (looked up once, not per call).
 _RPCS: dict[HookPoint, tuple[str, Any]] = {
     point: (SERVICE + point.rpc, RESPONSE_TYPES[point.kind]) for point in HookPoint
+}
+# The CRI method each pre-hook point runs before: the ``method`` label of refused calls.
+_METHOD_BEFORE: dict[HookPoint, str] = {
+    hooks.pre: method for method, hooks in HOOKS_BY_METHOD.items() if hooks.pre is not None
 }
 # Below this much time left there is no point in calling a hook server.
 MIN_CALL_SECONDS = 0.001
@@ -168,9 +174,29 @@ class HookMetrics:
             ["method", "action"],
             registry=reg,
         )
+        self.refused = Counter(
+            "runtimeproxy_cri_calls_refused",
+            "CRI calls refused because a pre-hook of a server with failure policy Fail failed, by CRI "
+            "method, server and hook point.",
+            ["method", "server", "hook"],
+            registry=reg,
+        )
 
     def record(self, result: HookOutcome) -> None:
         self.calls.record((result.server, result.point), result.outcome, result.seconds)
+
+    def refusal(self, server: str, point: HookPoint) -> Counter:
+        """The refused-calls counter of ``server``'s pre-hook ``point`` (created at 0 if new)."""
+        return self.refused.labels(_METHOD_BEFORE[point], server, point.value)
+
+    def expect_refusals(self, servers: list[HookServer]) -> None:
+        """Export the refusal counters of the Fail servers' pre-hooks at 0, so that an alert
+        sees the first refusal."""
+        for server in servers:
+            if server.failure_policy == FailurePolicy.FAIL:
+                for point in server.hooks:
+                    if point.stage == "pre":
+                        self.refusal(server.name, point)
 
 
 class Dispatcher:
@@ -196,6 +222,13 @@ class Dispatcher:
     def count_layer_error(self, method: str, action: LayerErrorAction) -> None:
         if self.metrics is not None:
             self.metrics.layer_errors.labels(method, action.value).inc()
+
+    def expect_layer_errors(self, methods: Iterable[str]) -> None:
+        """Export the layer-error counters of ``methods`` at 0, so that an alert sees the first error."""
+        if self.metrics is not None:
+            for method in methods:
+                for action in LayerErrorAction:
+                    self.metrics.layer_errors.labels(method, action.value)
 
     async def run(
         self,
@@ -239,6 +272,8 @@ class Dispatcher:
             if outcome in FINE_OUTCOMES:
                 continue
             if point.stage == "pre" and server.failure_policy == FailurePolicy.FAIL:
+                if self.metrics is not None:
+                    self.metrics.refusal(server.name, point).inc()
                 raise HookFailed(result, server)
             log.warning("hook failed, ignored", hook=point.value, server=server.name, outcome=outcome, error=error)
         return results
@@ -268,7 +303,10 @@ class Dispatcher:
         return channel
 
     def _servers_changed(self, servers: list[HookServer]) -> None:
-        """Close channels of endpoints no registered server uses any more."""
+        """Close channels of endpoints no registered server uses any more; export the new Fail
+        servers' refusal counters."""
+        if self.metrics is not None:
+            self.metrics.expect_refusals(servers)
         wanted = {server.endpoint for server in servers}
         for endpoint in [e for e in self._channels if e not in wanted]:
             channel = self._channels.pop(endpoint)

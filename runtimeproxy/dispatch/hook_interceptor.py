@@ -75,6 +75,7 @@ class HookInterceptor:
         self.output_rules = output_rules or cri_mapping.OutputRules()
         self.sequencer = KeyedSequencer()
         self._calls: dict[int, _CallState] = {}
+        dispatcher.expect_layer_errors(_CALL_HOOKS)
 
     # -- the relay's interface ---------------------------------------------------------------
 

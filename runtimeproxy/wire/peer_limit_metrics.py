@@ -1,12 +1,12 @@
 """The HTTP/2 limits peers went over, as a Prometheus counter, and the metrics endpoint every
-daemon serves: whatever its registry holds plus that counter."""
+daemon serves: whatever its registry holds plus that counter and the process metrics."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import REGISTRY, CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from runtimeproxy.common.metrics_export import MetricsServer, serve_metrics
@@ -42,14 +42,17 @@ class PeerLimitMetrics:
 
 
 def _export_peer_limits(registry: CollectorRegistry) -> None:
-    """Every daemon that serves metrics exports the peer-limit counter, once per registry."""
+    """Every daemon that serves metrics exports the peer-limit counter and the process metrics
+    (process_resident_memory_bytes, process_start_time_seconds...), once per registry."""
     with contextlib.suppress(ValueError):  # registered before (a metrics server started again on it)
         registry.register(PeerLimitMetrics())
+    with contextlib.suppress(ValueError):  # the global registry has its own from the start
+        ProcessCollector(registry=registry)
 
 
 def start_metrics_server(address: str, registry: CollectorRegistry | None = None) -> MetricsServer:
-    """Serve ``registry`` (default: global) with the peer-limit counter at ``http://address/metrics``
-    from a daemon thread.
+    """Serve ``registry`` (default: global) with the peer-limit counter and the process metrics at
+    ``http://address/metrics`` from a daemon thread.
 
     Raises ValueError for a malformed address and OSError if it cannot be bound.
     """

@@ -248,3 +248,41 @@ async def test_an_unreachable_server_refuses_with_unavailable(bed: Bed) -> None:
     bed.register("gone", bed.socket("gone"), [PRE], "Fail")  # nothing listens there
     failed = await bed.refusal(PRE)
     assert (failed.result.outcome, failed.code) == ("failed", StatusCode.UNAVAILABLE)
+
+
+# -- refused calls are counted apart from the hook calls ----------------------------------------------
+
+
+def refused(bed: Bed) -> dict[tuple[str, str, str], float]:
+    """runtimeproxy_cri_calls_refused_total by (method, server, hook)."""
+    return {
+        (s.labels["method"], s.labels["server"], s.labels["hook"]): s.value
+        for family in bed.metrics.collect()
+        for s in family.samples
+        if s.name == "runtimeproxy_cri_calls_refused_total"
+    }
+
+
+async def test_a_refusal_is_counted_by_method_server_and_hook_from_zero(bed: Bed) -> None:
+    create, stop = HookPoint.PRE_CREATE_CONTAINER, HookPoint.POST_STOP_CONTAINER
+    bed.register("gone", bed.socket("gone"), [PRE, create, stop], "Fail")  # nothing listens there
+    bed.register("quiet", bed.socket("quiet"), [PRE], "Ignore")
+    # Exported at 0 once registered: the Fail server's pre-hooks only (a post-hook refuses nothing).
+    zero = {
+        ("RunPodSandbox", "gone.json", "PreRunPodSandbox"): 0.0,
+        ("CreateContainer", "gone.json", "PreCreateContainer"): 0.0,
+    }
+    assert refused(bed) == zero
+    await bed.refusal(PRE)
+    assert refused(bed) == zero | {("RunPodSandbox", "gone.json", "PreRunPodSandbox"): 1.0}
+    assert bed.count("gone.json", PRE, "failed") == 1
+    await bed.run(stop)  # a failed post-hook: counted as a hook call, not as a refusal
+    assert bed.count("gone.json", stop, "failed") == 1
+    assert refused(bed) == zero | {("RunPodSandbox", "gone.json", "PreRunPodSandbox"): 1.0}
+
+
+async def test_a_failure_under_ignore_is_no_refusal(bed: Bed) -> None:
+    bed.register("gone", bed.socket("gone"), [PRE], "Ignore")
+    (result,) = await bed.run(PRE)
+    assert result.outcome == "failed"
+    assert refused(bed) == {}

@@ -72,6 +72,13 @@ class ReferenceHookMetrics:
             ["method", "action"],
             registry=registry,
         )
+        self.refused = Counter(
+            "runtimeproxy_cri_calls_refused",
+            "CRI calls refused because a pre-hook of a server with failure policy Fail failed, by CRI "
+            "method, server and hook point.",
+            ["method", "server", "hook"],
+            registry=registry,
+        )
 
     def record(self, result: HookOutcome) -> None:
         self.duration.labels(result.server, result.point.value).observe(result.seconds)
