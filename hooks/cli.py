@@ -3,7 +3,8 @@
 ``runtime-hooks serve`` serves RuntimeHookService for the proxy and reconciles the live pods
 every interval; ``runtime-hooks plugins`` lists the installed plugins; ``runtime-hooks
 explain POD.yaml`` rehearses what the plugins would do for a Pod without doing it;
-``runtime-hooks policy show|check`` prints the effective policy or checks a policy file.
+``runtime-hooks policy show|check`` prints the effective policy or checks a policy file, and
+``runtime-hooks policy from-koordinator`` turns Koordinator's SLO configuration into a policy.
 Every option of serve, plugins and explain can also be set through an environment variable
 ``RUNTIME_HOOKS_<OPTION>`` (``RUNTIME_HOOKS_ENDPOINT``, ``RUNTIME_HOOKS_ENABLE`` with names
 separated by spaces...), shown in each help.
@@ -20,7 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import structlog
@@ -42,7 +43,7 @@ from runtimeproxy.common.sdnotify import Watchdog, notify
 from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.wire.peer_limit_metrics import start_metrics_server
 
-from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots
+from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots, WeightConversion
 from .container_repair import CgroupWrites, ContainerRepair, RepairApplier, RepairMetrics
 from .discovery import DiscoveryResult, discover_plugins, settings_specs
 from .nri.modes import mode_lines, modes_of
@@ -51,6 +52,7 @@ from .nri.repair import CriUpdates
 from .nri.serving import start_nri
 from .plugin_runner import HookCallFailed, PluginRunner
 from .policy import Policy, PolicyError, PolicyWatcher, Specs, default_policy, dump_policy, load_policy
+from .policy_metrics import PolicyMetrics
 from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
 from .resctrl_fs import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl_fs import ResctrlFS
@@ -60,9 +62,10 @@ from .server import (
     RuntimeHooksServer,
     ServerSettings,
 )
-from .systemd_bus import SystemdBus
-from .systemd_sync import SystemdSync
 from .views import ServerContext
+
+if TYPE_CHECKING:  # loaded by _systemd_sync only where it is on: dbus_fast costs 3 MiB and 25 modules
+    from .systemd_sync import SystemdSync
 
 __all__ = ["cli", "main"]
 
@@ -170,6 +173,16 @@ _resctrl_root_option = click.option(
 )
 @_cgroup_root_option
 @_cgroup_driver_option
+@click.option(
+    "--cpu-weight-conversion",
+    type=click.Choice([c.value for c in WeightConversion]),
+    default=WeightConversion.LINEAR.value,
+    show_default=True,
+    show_envvar=True,
+    help="On cgroup v2, how the node's OCI runtime turns CPU shares into cpu.weight, so that plugin "
+    "weights rank with the ones it writes for kubelet: linear for runc before 1.3.2 and crun before "
+    "1.23, log-quadratic for runc 1.3.2+ and crun 1.23+ (docs/runtime-hooks.md).",
+)
 @_pod_roots_option
 @_resctrl_root_option
 @_policy_option("Per-class policy YAML, re-read when it changes.  [default: the built-in policy]")
@@ -227,6 +240,7 @@ def serve(
     hook_config_dir: str,
     cgroup_root: str,
     cgroup_driver: CgroupDriver,
+    cpu_weight_conversion: str,
     cgroup_parent_roots: PodRoots,
     resctrl_root: str,
     policy_file: str | None,
@@ -261,11 +275,17 @@ def serve(
         except PolicyError as exc:
             _refuse(str(exc))
     defaults = default_policy(specs)
-    policy_listeners: list[Callable[[Policy], object]] = []
-    watcher = PolicyWatcher(policy_file, on_change=_fan_out(policy_listeners), specs=specs) if policy_file else None
-    resctrl = ResctrlFS(Path(resctrl_root))
     registry = CollectorRegistry()
-    cgroups = CgroupFS(cgroup_root, cgroup_driver, pod_roots=cgroup_parent_roots)
+    policy_metrics = PolicyMetrics(registry, specs, defaults)  # the file's policy once the watcher has read it
+    policy_listeners: list[Callable[[Policy], object]] = []
+    watcher = (
+        PolicyWatcher(policy_file, on_change=_fan_out(policy_listeners), specs=specs, observer=policy_metrics)
+        if policy_file
+        else None
+    )
+    resctrl = ResctrlFS(Path(resctrl_root))
+    cgroups = CgroupFS(cgroup_root, cgroup_driver, pod_roots=cgroup_parent_roots,
+                       weight_conversion=WeightConversion(cpu_weight_conversion))
     systemd = _systemd_sync(cgroups, systemd_bus_address, registry)
     context = ServerContext(
         cgroups=cgroups,
@@ -276,6 +296,7 @@ def serve(
             "hook_config_dir": hook_config_dir,
             "cgroup_root": cgroup_root,
             "cgroup_driver": cgroup_driver,
+            "cpu_weight_conversion": cpu_weight_conversion,
             "cgroup_parent_roots": cgroup_parent_roots.roots,
             "resctrl_root": resctrl_root,
             "policy_file": policy_file,
@@ -333,6 +354,9 @@ def _systemd_sync(cgroups: CgroupFS, address: str, registry: CollectorRegistry) 
     if not cgroups.available() or cgroups.version is not CgroupVersion.V2:
         log.info("systemd unit properties off: the cgroup root is no cgroup v2 mount", cgroup_root=str(cgroups.root))
         return None
+    from .systemd_bus import SystemdBus
+    from .systemd_sync import SystemdSync
+
     sync = SystemdSync(SystemdBus(address, registry=registry), registry=registry)
     cgroups.listener = sync
     log.info("systemd unit properties on", bus=address or "the system bus")
@@ -609,7 +633,7 @@ def _fail(message: str) -> NoReturn:
 
 @cli.group()
 def policy() -> None:
-    """Show the effective policy, or check a policy file."""
+    """Show the effective policy, check a policy file, or convert Koordinator's configuration."""
 
 
 @policy.command("show")
@@ -648,6 +672,62 @@ def policy_check(file: str) -> None:
     except PolicyError as exc:
         _fail(str(exc))
     click.echo("ok")
+
+
+@policy.command("from-koordinator")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--values-out", type=click.Path(dir_okay=False), help="Write the Helm chart values (policy, groups).")
+@click.option("--policy-out", type=click.Path(dir_okay=False), help="Write the policy of nodes no group matches.")
+@click.option("--strict", is_flag=True, help="Exit 1, writing nothing, when a field in effect is not supported.")
+@click.option("-v", "--verbose", is_flag=True, help="Also say what each mapped field became.")
+def policy_from_koordinator(
+    file: str, values_out: str | None, policy_out: str | None, strict: bool, verbose: bool
+) -> None:
+    """Turn Koordinator's slo-controller-config ConfigMap or a NodeSLO (YAML or JSON; - for stdin)
+    into a runtime-hooks policy and Helm chart values.
+
+    Each node strategy becomes a chart group, in order, with its nodeSelector. Every field of the
+    input is reported on stderr unless mapped (-v: those too): "not supported" when it takes
+    effect in Koordinator, "not supported, not in effect" when it does not there either. Without
+    --values-out or --policy-out, the values (ConfigMap) or the policy (NodeSLO) go to stdout.
+    Exits 1 when the input is unreadable or invalid, or with --strict and a field not supported.
+    """
+    from .koordinator_config import SLOInputError, check_policies, convert, dump_yaml, read_document
+
+    specs = _installed_specs()
+    try:
+        conversion = convert(read_document(file), specs)
+        check_policies(conversion, specs)
+    except (SLOInputError, PolicyError) as exc:
+        _fail(f"{file}: {exc}")
+    for finding in conversion.findings:
+        if verbose or finding.status != "mapped":
+            click.echo(finding.line(), err=True)
+    for note in conversion.notes:
+        click.echo(f"note: {note}", err=True)
+    if strict and conversion.unsupported():
+        _fail(f"{len(conversion.unsupported())} field(s) in effect are not supported (--strict); nothing written")
+    header = f"# runtime-hooks policy from-koordinator {os.path.basename(file)}\n"
+    outputs = {values_out: conversion.values(), policy_out: conversion.policy}
+    if values_out is None and policy_out is None:
+        click.echo(header + dump_yaml(conversion.values() if conversion.kind == "ConfigMap" else conversion.policy),
+                   nl=False)
+    for path, data in outputs.items():
+        if path is not None:
+            _write_atomically(path, header + dump_yaml(data))
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """``text`` into ``path`` by a rename, so a watcher never reads half of it."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        _fail(f"cannot write {path}: {exc.strerror or exc}")
 
 
 def _installed_specs() -> Specs:

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# Source folder -> its place in the wheel (hooks/ stays at the top level by design).
-ROOTS = {"runtimeproxy": "runtimeproxy", "hooks": "runtimeproxy/hooks"}
+# Source folder -> its place in the wheel (hooks/ stays at the top level by design; systemd/ ships
+# as package data for `runtime-proxy install`).
+ROOTS = {"runtimeproxy": "runtimeproxy", "hooks": "runtimeproxy/hooks", "systemd": "runtimeproxy/data/systemd"}
 # What the build needs besides the package folders.
 BUILD_FILES = ("pyproject.toml", "setup.py", "README.md")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
@@ -59,7 +60,7 @@ def _build(kind: str, source: Path, out: Path) -> Path:
 
 
 def _expected_files(source: Path) -> set[str]:
-    """Every file of both package folders, at its place in the wheel."""
+    """Every file of the package and data folders, at its place in the wheel."""
     expected = set()
     for folder, target in ROOTS.items():
         for path in (source / folder).rglob("*"):

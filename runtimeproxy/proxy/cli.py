@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import click
@@ -33,6 +34,8 @@ from runtimeproxy.dispatch.hook_interceptor import DEFAULT_SKIP_LABEL
 from runtimeproxy.dispatch.layer import HookLayer, HookSettings
 from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.hookapi.merge_rules import CgroupDriver
+from runtimeproxy.proxy.host_install import HOOKS, PROXY, InstallError, InstallOptions, install, uninstall
+from runtimeproxy.proxy.host_systemd import SystemdError
 from runtimeproxy.proxy.metrics import CallMetrics
 from runtimeproxy.proxy.server import ProxyServer, ProxySettings
 from runtimeproxy.wire.peer_limit_metrics import start_metrics_server
@@ -295,6 +298,73 @@ async def _serve(settings: ProxySettings, hook_settings: HookSettings, metrics_a
     if metrics_server is not None:
         metrics_server.close()
     return 0
+
+
+def _root_option(command: _F) -> _F:
+    return click.option(
+        "--root",
+        type=click.Path(file_okay=False, path_type=Path),
+        default="/",
+        show_default=True,
+        help="The host's filesystem root (the installer pod mounts the host at /host, its /run included).",
+    )(command)
+
+
+def _dry_run_option(command: _F) -> _F:
+    return click.option("--dry-run", is_flag=True, help="Print each change and systemctl call; make none.")(command)
+
+
+def _run_host_change(action: Callable[[InstallOptions, Callable[[str], None]], int], options: InstallOptions,
+                     name: str) -> None:
+    try:
+        action(options, click.echo)
+    except InstallError as exc:
+        click.echo(f"runtime-proxy {name}: {exc}", err=True)
+        sys.exit(1)
+    except (OSError, SystemdError) as exc:
+        click.echo(f"runtime-proxy {name}: stopped: {exc} (what was done is recorded; run it again or "
+                   "`runtime-proxy uninstall`)", err=True)
+        sys.exit(1)
+
+
+@cli.command("install")
+@_root_option
+@_dry_run_option
+@click.option(
+    "--from",
+    "bundle",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A runtimeproxy bundle (python -m runtimeproxy.proxy.artifact) to install as /opt/runtimeproxy, its "
+    "launchers linked into /usr/local/bin.  [default: use the runtime-proxy and runtime-hooks already there]",
+)
+@click.option("--proxy-setting", multiple=True, metavar="RUNTIME_PROXY_NAME=VALUE",
+              help="A setting for /etc/default/runtime-proxy (repeatable).")
+@click.option("--hooks-setting", multiple=True, metavar="RUNTIME_HOOKS_NAME=VALUE",
+              help="A setting for /etc/default/runtime-hooks (repeatable).")
+@click.option("--kubelet/--no-kubelet", default=True, show_default=True,
+              help="Point kubelet at the proxy (its drop-in, then a restart) once the proxy answers.")
+@click.option("--ready-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait for the proxy to answer a CRI Version call before kubelet is switched over.")
+def install_command(root: Path, dry_run: bool, bundle: Path | None, proxy_setting: tuple[str, ...],
+                    hooks_setting: tuple[str, ...], kubelet: bool, ready_timeout: float) -> None:
+    """Install runtime-proxy and runtime-hooks as systemd units on this host and point kubelet at the proxy.
+
+    Does what systemd/INSTALL.md describes; idempotent; every change is recorded for `uninstall`.
+    """
+    options = InstallOptions(root=root, dry_run=dry_run, bundle=bundle,
+                             settings={PROXY: proxy_setting, HOOKS: hooks_setting}, kubelet=kubelet,
+                             ready_timeout=ready_timeout)
+    _run_host_change(install, options, "install")
+
+
+@cli.command("uninstall")
+@_root_option
+@_dry_run_option
+def uninstall_command(root: Path, dry_run: bool) -> None:
+    """Undo what `runtime-proxy install` did: kubelet back on its previous runtime endpoint first, then the
+    units stopped and removed, the host's files as they were."""
+    _run_host_change(uninstall, InstallOptions(root=root, dry_run=dry_run), "uninstall")
 
 
 def main() -> None:

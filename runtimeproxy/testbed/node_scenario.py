@@ -1,8 +1,8 @@
 """The real-node scenario: runs inside the VM (``python3 -m runtimeproxy.testbed.node_scenario
 PLAN.json``) as a oneshot unit once the node is up, then powers the VM off.
 
-It installs ``runtime-proxy.service`` and ``runtime-hooks.service`` the way
-``systemd/INSTALL.md`` says, plays pods through the proxy as kubelet would (pod slices
+It installs ``runtime-proxy.service`` and ``runtime-hooks.service`` with ``runtime-proxy install``
+(a stand-in kubelet unit gets the drop-in), plays pods through the proxy as kubelet would (pod slices
 created through systemd first, with kubelet's properties), disturbs the services (kill -9,
 SIGSTOP, a restart mid-lifecycle, a cgroup value changed behind the reconciler's back) and
 reports what it saw as facts on ``/dev/ttyS1`` (`nodeproto`). It judges nothing: the host
@@ -266,42 +266,109 @@ def boot_facts(s: Scenario) -> dict[str, Any]:
             "containerd": s.show("containerd.service")}
 
 
+# A kubelet stand-in: a unit as kubeadm's (ExecStart=/usr/bin/kubelet ...) whose binary records
+# the command line it was started with and sleeps.
+KUBELET_ARGS = Path("/run/kubelet-args")
+KUBELET_STUB = f"""#!/bin/sh
+echo "$@" > {KUBELET_ARGS}
+exec sleep infinity
+"""
+KUBELET_UNIT = """[Unit]
+Description=kubelet stand-in of the node scenario
+
+[Service]
+ExecStart=/usr/bin/kubelet --container-runtime-endpoint=unix:///run/containerd/containerd.sock
+Restart=always
+
+[Install]
+WantedBy=multi-user.target
+"""
+# Where the host's root is mounted again (rbind) to install through --root, as the installer pod does.
+HOST_MOUNT = "/host"
+_KUBELET_SHOW = ("ActiveState", "MainPID", "DropInPaths", "ExecStart", "NRestarts")
+
+
+def kubelet_facts(s: Scenario) -> dict[str, Any]:
+    return {"show": s.show("kubelet.service", _KUBELET_SHOW), "args": _read(KUBELET_ARGS),
+            "drop_in": _read(Path("/etc/systemd/system/kubelet.service.d/10-runtime-proxy.conf"))}
+
+
 def install_units(s: Scenario) -> dict[str, Any]:
-    """INSTALL.md, steps 1-3 and the runtime-hooks section, command by command."""
-    units, plan = s.plan["units_dir"], s.plan
+    """`runtime-proxy install` with this node's settings, kubelet's stand-in running first."""
+    plan = s.plan
     s.run("ip", "link", "add", plan["network_interface"], "type", "dummy", check=True)
     s.run("ip", "link", "set", plan["network_interface"], "up", check=True)
-    commands = [
-        ["runtime-proxy", "serve", "--help"],
-        ["install", "-m", "0644", f"{units}/runtime-proxy.service", "/etc/systemd/system/"],
-        ["install", "-m", "0644", f"{units}/runtime-proxy.env", "/etc/default/runtime-proxy"],
-        ["install", "-d", "/etc/systemd/system/kubelet.service.d"],
-        ["install", "-m", "0644", f"{units}/kubelet.service.d/10-runtime-proxy.conf",
-         "/etc/systemd/system/kubelet.service.d/"],
-        ["install", "-m", "0644", f"{units}/runtime-hooks.service", "/etc/systemd/system/"],
-        ["install", "-m", "0644", f"{units}/runtime-hooks.env", "/etc/default/runtime-hooks"],
-    ]
-    done = [s.run(*cmd, check=True) for cmd in commands]
-    # "edit as needed": the settings of this node, appended to the shipped files.
-    for name, settings in (("runtime-hooks", plan["hooks_env"]), ("runtime-proxy", plan["proxy_env"])):
-        with open(f"/etc/default/{name}", "a") as env:
-            env.writelines(f"{key}={value}\n" for key, value in settings.items())
+    Path("/usr/bin/kubelet").write_text(KUBELET_STUB)
+    Path("/usr/bin/kubelet").chmod(0o755)
+    Path("/etc/systemd/system/kubelet.service").write_text(KUBELET_UNIT)
+    s.run("systemctl", "daemon-reload", check=True)
+    kubelet_before = {"start": s.run("systemctl", "enable", "--now", "kubelet.service", check=True),
+                      **kubelet_facts(s)}
     policy = Path(plan["hooks_env"]["RUNTIME_HOOKS_POLICY"])
     policy.parent.mkdir(parents=True, exist_ok=True)
     policy.write_text(plan["policy"])
-    done.append(s.run("runtime-hooks", "plugins", check=True))
-    done.append(s.run("runtime-hooks", "policy", "check", str(policy), check=True))
-    done.append(s.run("systemctl", "daemon-reload", check=True))
-    return {"commands": done}
+    checks = [s.run("runtime-hooks", "plugins", check=True),
+              s.run("runtime-hooks", "policy", "check", str(policy), check=True)]
+    settings = _install_settings(s)
+    dry_run = s.run("runtime-proxy", "install", "--dry-run", *settings, timeout=300)
+    dry_run["files_after"] = _installed_paths()
+    install = s.run("runtime-proxy", "install", *settings, timeout=300)
+    return {"checks": checks, "kubelet_before": kubelet_before, "dry_run": dry_run, "install": install,
+            "kubelet_after": kubelet_facts(s), "files": _installed_paths()}
+
+
+def _install_settings(s: Scenario) -> list[str]:
+    return [*(f"--hooks-setting={k}={v}" for k, v in s.plan["hooks_env"].items()),
+            *(f"--proxy-setting={k}={v}" for k, v in s.plan["proxy_env"].items())]
+
+
+def _installed_paths() -> dict[str, bool]:
+    """Whether each path install writes or makes (or its units make) exists."""
+    paths = ("/etc/systemd/system/runtime-proxy.service", "/etc/systemd/system/runtime-hooks.service",
+             "/etc/default/runtime-proxy", "/etc/default/runtime-hooks", "/etc/runtime/hookserver.d", "/etc/runtime",
+             "/etc/systemd/system/kubelet.service.d/10-runtime-proxy.conf", "/etc/systemd/system/kubelet.service.d",
+             "/var/lib/runtimeproxy/install.json", "/var/lib/runtimeproxy", "/run/runtimeproxy", "/run/runtimehooks",
+             "/etc/systemd/system/multi-user.target.wants/runtime-proxy.service")
+    return {path: os.path.lexists(path) for path in paths}
+
+
+def _host_mount(s: Scenario) -> dict[str, Any]:
+    Path(HOST_MOUNT).mkdir(exist_ok=True)
+    if os.path.ismount(HOST_MOUNT):
+        return {"mounted": True}
+    done = s.run("mount", "--rbind", "/", HOST_MOUNT, check=True)
+    # A slave, as a pod's host mount: nothing done under /host (an unmount) reaches / (shared).
+    return {"rbind": done, "rslave": s.run("mount", "--make-rslave", HOST_MOUNT, check=True)}
+
+
+def reinstall(s: Scenario) -> dict[str, Any]:
+    """A second install, through the host mounted at /host as the installer pod sees it: nothing
+    to change (read-only systemctl calls through the chroot, the readiness call through /host/run)."""
+    mount = _host_mount(s)
+    return {"mount": mount,
+            "install": s.run("runtime-proxy", "install", "--root", HOST_MOUNT, *_install_settings(s), timeout=300),
+            "proxy": s.show("runtime-proxy.service")}
+
+
+def uninstall(s: Scenario) -> dict[str, Any]:
+    """`runtime-proxy uninstall --root /host` (systemctl through the chroot), then: what is left."""
+    mount = _host_mount(s)
+    done = s.run("runtime-proxy", "uninstall", "--root", HOST_MOUNT, timeout=300)
+    again = s.run("runtime-proxy", "uninstall", "--root", HOST_MOUNT, timeout=300)
+    return {"mount": mount, "uninstall": done, "again": again, "kubelet": kubelet_facts(s),
+            "files": _installed_paths(),
+            "units": {unit: s.show(unit, ("LoadState", "ActiveState")) for unit in
+                      ("runtime-proxy.service", "runtime-hooks.service")},
+            "processes": s.run("pgrep", "-a", "-f", "runtime-(proxy|hooks) serve")["out"],
+            "containerd": s.show("containerd.service", ("ActiveState",))}
 
 
 def start_units(s: Scenario) -> dict[str, Any]:
-    """`systemctl enable --now` returns once READY=1 arrived (Type=notify): the socket must
-    answer the very first call made right after it."""
+    """The units as install left them: install returns once the proxy answered, so the socket
+    must answer the very first call made right after it."""
     facts: dict[str, Any] = {}
     for unit in ("runtime-hooks", "runtime-proxy"):
-        start = s.run("systemctl", "enable", "--now", unit, timeout=180)
-        facts[unit] = {"start": start, "show": s.show(f"{unit}.service")}
+        facts[unit] = {"show": s.show(f"{unit}.service")}
         if unit == "runtime-proxy":
             facts[unit]["first_call"] = s.cri_version()
     facts["registration"] = _read(Path("/etc/runtime/hookserver.d/runtime-hooks.json"))
@@ -511,7 +578,9 @@ AFTER_PODS: tuple[Step, ...] = (
     ("restart", restart_mid_lifecycle),
     ("kill-9", kill_9),
     ("watchdog", watchdog),
+    ("reinstall", reinstall),
     ("journal", journals),
+    ("uninstall", uninstall),
 )
 
 

@@ -1,8 +1,8 @@
 """One run of the real-node scenario: image, run layer, boot, facts.
 
 `run_node` takes the plan of a scenario (see `node_scenario`) and the files it names,
-builds (or reuses) the node image, builds this run's layer on top (the project installed,
-systemd/ shipped as INSTALL.md expects it, the test images, containerd's configuration,
+builds (or reuses) the node image, builds this run's layer on top (the project installed (its systemd units
+with it, for `runtime-proxy install`), the test images, containerd's configuration,
 the scenario unit), boots the VM and returns what the guest reported, with the time each
 phase took.
 
@@ -81,7 +81,6 @@ def _layer(image: NodeImage, work: Path, source: Path, plan: Mapping[str, Any], 
     layer = RunLayer(image, work / "layer")
     layer.install_project(source)
     timings["install_project"] = round(time.monotonic() - began, 1)
-    layer.add_tree(f"{GUEST_DIR}/systemd", source / "systemd")
     tar = work / "images.tar"
     build_image_tar([pause_image_spec(), test_image_spec()], tar)
     layer.add_file(f"{GUEST_DIR}/images.tar", tar.read_bytes())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -61,12 +62,17 @@ def replace(path: Path, text: str) -> None:
 
 def configmap_version(directory: Path, name: str, text: str) -> None:
     """What kubelet's atomic writer does for a ConfigMap volume: a new timestamped directory,
-    then the ``..data`` symlink swapped to it by rename; the file is a symlink through ``..data``."""
+    then the ``..data`` symlink swapped to it by rename, then the previous version removed; the
+    file is a symlink through ``..data``."""
+    data = directory / "..data"
+    previous = os.readlink(data) if data.is_symlink() else None
     version = directory / name
     version.mkdir()
     (version / "policy.yaml").write_text(text)
     (directory / "..data_tmp").symlink_to(name)
-    os.rename(directory / "..data_tmp", directory / "..data")
+    os.rename(directory / "..data_tmp", data)
+    if previous is not None:
+        shutil.rmtree(directory / previous)
 
 
 async def test_edit_in_place_and_replacement_are_seen_without_polling(tmp_path: Path) -> None:

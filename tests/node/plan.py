@@ -169,7 +169,6 @@ def scenario_plan() -> dict[str, Any]:
     """The plan the guest runs (`runtimeproxy.testbed.node_scenario`)."""
     return {
         "proxy_socket": PROXY_SOCKET,
-        "units_dir": f"{GUEST_DIR}/systemd",
         "images_tar": f"{GUEST_DIR}/images.tar",
         "network_interface": NETWORK_INTERFACE,
         "policy": POLICY,

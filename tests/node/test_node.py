@@ -15,7 +15,7 @@ import pytest
 from runtimeproxy.testbed.noderun import NodeRun
 
 from .conftest import Evidence, show
-from .plan import DRIFT, MIB, PODS, RESTART_POD, Pod, kubelet_slice, slice_cgroup
+from .plan import DRIFT, MIB, PODS, PROXY_SOCKET, RESTART_POD, Pod, kubelet_slice, slice_cgroup
 
 pytestmark = pytest.mark.e2e
 
@@ -55,6 +55,14 @@ EXPECTED_CONTAINER: dict[str, dict[str, str]] = {
     "besteffort": {"cpu.max": UNLIMITED},
 }
 POD_NAMES = [pod.name for pod in PODS]
+# The kubelet stand-in's command line before install and after uninstall.
+KUBELET_OWN_ENDPOINT = "--container-runtime-endpoint=unix:///run/containerd/containerd.sock"
+# What `runtime-proxy install` writes or makes (the rest of the paths the scenario checks come
+# and go with the running units).
+INSTALLED = ("/etc/systemd/system/runtime-proxy.service", "/etc/systemd/system/runtime-hooks.service",
+             "/etc/default/runtime-proxy", "/etc/default/runtime-hooks", "/etc/runtime/hookserver.d",
+             "/etc/systemd/system/kubelet.service.d/10-runtime-proxy.conf", "/var/lib/runtimeproxy/install.json",
+             "/run/runtimeproxy", "/run/runtimehooks")
 # The BE pod's weight is the cpu plugin's, as Koordinator's batchresource hook sets it: its
 # batch-cpu requests (500m) as shares (512), weight 20 (its cpu.weight file reads 0 while
 # cpu.idle is 1, so the slice property is where it shows). Every other pod keeps kubelet's.
@@ -108,17 +116,54 @@ def test_systemd_is_pid_1_with_cgroup_v2_unified(fact: Evidence) -> None:
 # -- the units -------------------------------------------------------------------------
 
 
-def test_units_install_as_install_md_says(fact: Evidence) -> None:
-    commands = fact("install")["commands"]
-    failed = [c for c in commands if c["rc"] != 0]
-    assert not failed, show(failed)
-    assert any(c["cmd"].startswith("runtime-hooks plugins") for c in commands)
+def test_runtime_proxy_install_installs_and_starts_both_units(fact: Evidence) -> None:
+    done = fact("install")
+    assert done["install"]["rc"] == 0, show(done["install"])
+    out = done["install"]["out"]
+    assert "systemctl enable --now runtime-hooks.service" in out and "runtime-proxy answers through" in out, out
+    assert all(done["files"][path] for path in INSTALLED), show(done["files"])
+
+
+def test_install_dry_run_changes_nothing(fact: Evidence) -> None:
+    dry_run = fact("install")["dry_run"]
+    assert dry_run["rc"] == 0, show(dry_run)
+    assert "would systemctl enable --now runtime-proxy.service" in dry_run["out"], show(dry_run)
+    assert not any(dry_run["files_after"].values()), show(dry_run)
+
+
+def test_kubelet_switched_to_the_proxy_by_its_drop_in(fact: Evidence) -> None:
+    before, after = fact("install")["kubelet_before"], fact("install")["kubelet_after"]
+    assert before["args"].strip() == KUBELET_OWN_ENDPOINT, show(before)
+    assert after["show"]["DropInPaths"] == "/etc/systemd/system/kubelet.service.d/10-runtime-proxy.conf", show(after)
+    assert after["args"].strip().endswith(f"--container-runtime-endpoint=unix://{PROXY_SOCKET}"), show(after)
+    assert after["show"]["MainPID"] != before["show"]["MainPID"], show([before, after])  # restarted
+    assert after["drop_in"] and "Wants=runtime-proxy.service" in after["drop_in"], show(after)
+
+
+def test_second_install_through_the_host_mount_changes_nothing(fact: Evidence) -> None:
+    again = fact("reinstall")
+    assert again["install"]["rc"] == 0, show(again)
+    assert "nothing to change" in again["install"]["out"], show(again)
+    assert "runtime-proxy answers through" in again["install"]["out"], show(again)
+
+
+def test_uninstall_leaves_the_node_as_it_was(fact: Evidence) -> None:
+    gone = fact("uninstall")
+    assert gone["uninstall"]["rc"] == 0, show(gone)
+    assert "nothing to undo" in gone["again"]["out"], show(gone)
+    assert not any(gone["files"].values()), show(gone["files"])
+    assert all(u["LoadState"] == "not-found" for u in gone["units"].values()), show(gone["units"])
+    assert gone["processes"] == "", show(gone)
+    kubelet = gone["kubelet"]
+    assert kubelet["show"]["DropInPaths"] == "" and kubelet["drop_in"] is None, show(kubelet)
+    assert kubelet["args"].strip() == KUBELET_OWN_ENDPOINT, show(kubelet)
+    assert kubelet["show"]["ActiveState"] == "active", show(kubelet)
+    assert gone["containerd"]["ActiveState"] == "active", show(gone)
 
 
 @pytest.mark.parametrize("unit", ["runtime-proxy", "runtime-hooks"])
 def test_started_with_systemctl_ready_through_notify(fact: Evidence, unit: str) -> None:
     started = fact("start")[unit]
-    assert started["start"]["rc"] == 0, show(started)
     state = started["show"]
     assert (state["Type"], state["ActiveState"], state["SubState"]) == ("notify", "active", "running"), show(state)
     assert state["WatchdogUSec"] == "30s", show(state)
