@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="blocks per target, interleaved (default 3)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    run_and_report(run, render, args)
+
+
+def run_and_report(
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    args: argparse.Namespace,
+) -> None:
+    """Run a benchmark, print its figures with the load average around it (a noisy machine shows
+    there), and write them as JSON to ``args.json`` if given."""
     load_before = os.getloadavg()
     result = run(args)
     result["load_average"] = {"before": load_before, "after": os.getloadavg()}

@@ -35,8 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
-import os
 import re
 import shutil
 import signal
@@ -49,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import go_peer
-from nri_bench import PROXY, daemon, hooks_args, remove_cgroups, start_pod
+from nri_bench import PROXY, daemon, hooks_args, remove_cgroups, run_and_report, start_pod
 from relay_bench import percentile
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
@@ -423,13 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, traces, probe files)")
     args = parser.parse_args(argv)
-    load_before = os.getloadavg()
-    result = run(args)
-    result["load_average"] = {"before": load_before, "after": os.getloadavg()}
-    print(render(result))
-    print(f"\nload average (1, 5, 15 min): before {load_before}, after {result['load_average']['after']}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    run_and_report(run, render, args)
 
 
 if __name__ == "__main__":

@@ -344,17 +344,21 @@ def _run_host_change(action: Callable[[InstallOptions, Callable[[str], None]], i
               help="A setting for /etc/default/runtime-hooks (repeatable).")
 @click.option("--kubelet/--no-kubelet", default=True, show_default=True,
               help="Point kubelet at the proxy (its drop-in, then a restart) once the proxy answers.")
+@click.option("--hooks/--no-hooks", default=True, show_default=True,
+              help="Also run runtime-hooks as a systemd unit. --no-hooks where runtime-hooks runs as the Helm "
+              "chart's DaemonSet: only the proxy is installed (and a runtime-hooks unit an earlier install "
+              "enabled is stopped).")
 @click.option("--ready-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
               help="Seconds to wait for the proxy to answer a CRI Version call before kubelet is switched over.")
 def install_command(root: Path, dry_run: bool, bundle: Path | None, proxy_setting: tuple[str, ...],
-                    hooks_setting: tuple[str, ...], kubelet: bool, ready_timeout: float) -> None:
+                    hooks_setting: tuple[str, ...], kubelet: bool, hooks: bool, ready_timeout: float) -> None:
     """Install runtime-proxy and runtime-hooks as systemd units on this host and point kubelet at the proxy.
 
     Does what systemd/INSTALL.md describes; idempotent; every change is recorded for `uninstall`.
     """
     options = InstallOptions(root=root, dry_run=dry_run, bundle=bundle,
                              settings={PROXY: proxy_setting, HOOKS: hooks_setting}, kubelet=kubelet,
-                             ready_timeout=ready_timeout)
+                             hooks=hooks, ready_timeout=ready_timeout)
     _run_host_change(install, options, "install")
 
 

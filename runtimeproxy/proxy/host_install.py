@@ -68,6 +68,11 @@ class InstallOptions:
     settings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # unit -> KEY=VALUE lines
     kubelet: bool = True
     ready_timeout: float = 60.0
+    hooks: bool = True  # False: runtime-hooks runs elsewhere (the Helm chart's DaemonSet), not as a unit
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        return UNITS if self.hooks else (PROXY,)
 
 
 def shipped(name: str) -> bytes:
@@ -307,7 +312,7 @@ def install(options: InstallOptions, say: Say) -> int:
         _check_launchers(host)
     reload = False
     effective: dict[str, bytes] = {}
-    for unit in UNITS:
+    for unit in options.units:
         unit_changed = plan.put(f"{UNIT_DIR}/{unit}", FileState("file", shipped(unit), 0o644), UNIT)
         reload |= unit_changed
         wanted = settings_file(unit, options.settings.get(unit, ()))
@@ -319,7 +324,9 @@ def install(options: InstallOptions, say: Say) -> int:
     plan.make_dir(HOOK_CONFIG_DIR)  # the units' ConfigurationDirectory= would make it, unrecorded
     if reload:
         plan.systemd("daemon-reload")
-    for unit in UNITS:
+    if not options.hooks:
+        _plan_hooks_unit_off(plan, systemctl, record)
+    for unit in options.units:
         if not systemctl.is_enabled(unit) or not systemctl.is_active(unit):
             if not systemctl.is_enabled(unit) and unit not in record.enabled:
                 record.enabled.append(unit)
@@ -351,6 +358,14 @@ def install(options: InstallOptions, say: Say) -> int:
     else:
         say(f"installed: {count} changes made (recorded in {RECORD_PATH}; `runtime-proxy uninstall` undoes them)")
     return count
+
+
+def _plan_hooks_unit_off(plan: Plan, systemctl: Systemctl, record: InstallRecord) -> None:
+    # A second runtime-hooks would fight the chart's pod for the hook socket's lock: stop the unit
+    # an earlier install enabled (its files stay recorded, so uninstall still removes them).
+    if HOOKS in record.enabled and (systemctl.is_enabled(HOOKS) or systemctl.is_active(HOOKS)):
+        record.enabled.remove(HOOKS)
+        plan.systemd("disable", "--now", HOOKS)
 
 
 def _plan_kubelet(plan: Plan, options: InstallOptions, endpoint: str, say: Say) -> None:

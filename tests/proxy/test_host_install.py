@@ -259,6 +259,33 @@ def test_no_kubelet_option_leaves_kubelet_alone(proxy: Daemon, host: Host) -> No
     assert not host.file(KUBELET_DROP_IN).exists()
 
 
+def test_no_hooks_installs_only_the_proxy(proxy: Daemon, host: Host) -> None:
+    """Where runtime-hooks runs as the chart's DaemonSet: no runtime-hooks unit to fight its pod."""
+    before = host.snapshot()
+    code, out = install(host, "--no-hooks")
+    assert code == 0, out
+    assert not host.file("/etc/systemd/system/runtime-hooks.service").exists()
+    assert not host.file("/etc/default/runtime-hooks").exists()
+    assert host.file("/etc/systemd/system/runtime-proxy.service").read_bytes() == shipped("runtime-proxy.service")
+    assert "enable --now runtime-hooks.service" not in host.changing_calls()
+    assert "enable --now runtime-proxy.service" in host.changing_calls()
+    assert uninstall(host)[0] == 0
+    assert host.snapshot() == before
+
+
+def test_no_hooks_stops_the_unit_an_earlier_install_enabled(proxy: Daemon, host: Host) -> None:
+    before = host.snapshot()
+    assert install(host)[0] == 0
+    host.forget_calls()
+    code, out = install(host, "--no-hooks")
+    assert code == 0, out
+    assert host.changing_calls() == ["disable --now runtime-hooks.service"]
+    host.forget_calls()
+    assert uninstall(host)[0] == 0
+    assert "disable --now runtime-hooks.service" not in host.changing_calls()
+    assert host.snapshot() == before  # its files, still recorded, are removed too
+
+
 # -- uninstall -------------------------------------------------------------------------------
 
 
