@@ -5,6 +5,11 @@ the fields that ``play`` relies on, fills ``metadata.namespace`` and
 ``metadata.uid`` when they are missing, and turns the result into a
 ``kubernetes.client.V1Pod`` without talking to any cluster.
 
+The input may also hold a DaemonSet instead of the Pod (the pod its controller would
+create on this node is played: :mod:`runtimeproxy.kubelet_model.workloads`) and the
+ConfigMaps that the pod's ``configMap`` volumes and ``configMapKeyRef`` variables name
+(:func:`load_pod_input` returns them with the pod).
+
 Every problem is reported as a :class:`ManifestError` whose message names the
 file and the field path, for example::
 
@@ -22,12 +27,16 @@ Pod side by side.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import hashlib
 import os
 import re
+import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -35,11 +44,20 @@ import yaml
 from kubernetes.client import ApiClient, V1Pod
 from kubernetes.utils import parse_quantity as _untyped_parse_quantity
 
+from runtimeproxy.kubelet_model.workloads import POD_TEMPLATE_KINDS, daemonset_pod
+
 __all__ = [
     "DEFAULT_NAMESPACE",
+    "ENV_FIELD_PATHS",
+    "HOST_PATH_TYPES",
+    "ConfigMap",
     "ManifestError",
+    "PodInput",
     "derive_pod_uid",
     "load_pod",
+    "load_pod_input",
+    "parse_config_maps_text",
+    "parse_input_text",
     "parse_pod",
     "parse_pod_text",
     "parse_quantity_value",
@@ -57,10 +75,22 @@ _QUANTITY_RE = re.compile(
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*$")
 _ENV_NAME_RE = re.compile(r"^[^=\x00]+$")
+# A ConfigMap key (validation.IsConfigMapKey) and a pod uid as it may appear in a path.
+_CONFIG_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
+_UID_RE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")
 
 _parse_quantity: Callable[[str], object] = _untyped_parse_quantity
 _CONTAINER_LISTS = ("initContainers", "containers")
-_SUPPORTED_VOLUME_SOURCES = ("hostPath",)
+_SUPPORTED_VOLUME_SOURCES = ("hostPath", "configMap", "emptyDir")
+_OBJECT_KINDS = ("Pod", *POD_TEMPLATE_KINDS, "ConfigMap")
+HOST_PATH_TYPES = ("", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice",
+                   "BlockDevice")
+_PROPAGATIONS = ("None", "HostToContainer", "Bidirectional")
+_SECCOMP_TYPES = ("RuntimeDefault", "Localhost", "Unconfined")
+# Downward API fields kubelet resolves for env (podIP needs hostNetwork here: see pod_plan).
+ENV_FIELD_PATHS = ("metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName",
+                   "spec.serviceAccountName", "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs")
+_ENV_FIELD_MAPS = ("metadata.labels", "metadata.annotations")
 
 
 class ManifestError(ValueError):
@@ -77,6 +107,26 @@ class ManifestError(ValueError):
         self.reason = reason
         text = f"{source}: {field}: {reason}" if field else f"{source}: {reason}"
         super().__init__(text)
+
+
+@dataclass(frozen=True)
+class ConfigMap:
+    """One ConfigMap of the input: its keys with their bytes (``data`` encoded as UTF-8,
+    ``binaryData`` decoded from base64)."""
+
+    name: str
+    namespace: str
+    files: Mapping[str, bytes]
+
+
+@dataclass(frozen=True)
+class PodInput:
+    """What one input file gives ``play``: the pod, the ConfigMaps beside it (by name, in the
+    pod's namespace) and, for a workload, what the pod was derived from (``DaemonSet ns/name``)."""
+
+    pod: V1Pod
+    config_maps: Mapping[str, ConfigMap] = field(default_factory=dict)
+    derived_from: str = ""
 
 
 def derive_pod_uid(namespace: str, name: str) -> str:
@@ -114,7 +164,14 @@ def parse_quantity_value(value: object) -> Decimal:
 
 
 def load_pod(path: str | os.PathLike[str]) -> V1Pod:
-    """Read ``path`` and return the one Pod it holds, validated and defaulted."""
+    """Read ``path`` and return the one Pod it holds (or its DaemonSet's), validated and defaulted."""
+    return load_pod_input(path).pod
+
+
+def load_pod_input(path: str | os.PathLike[str], node_name: str | None = None) -> PodInput:
+    """Read ``path``: the one Pod (or DaemonSet) it holds and its ConfigMaps (see :class:`PodInput`).
+
+    ``node_name`` (default: this host's name) is the node a DaemonSet's pod is made for."""
     source = os.fspath(path)
     try:
         with open(source, encoding="utf-8") as handle:
@@ -123,29 +180,123 @@ def load_pod(path: str | os.PathLike[str]) -> V1Pod:
         raise ManifestError(source, "", f"cannot read manifest: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise ManifestError(source, "", f"manifest is not UTF-8 text: {exc}") from exc
-    return parse_pod_text(text, source)
+    return parse_input_text(text, source, node_name)
 
 
 def parse_pod_text(text: str, source: str = "<manifest>") -> V1Pod:
     """Parse YAML text holding one Pod (a single document, a List or a stream)."""
+    return parse_input_text(text, source).pod
+
+
+def parse_input_text(text: str, source: str = "<manifest>", node_name: str | None = None) -> PodInput:
+    """Parse YAML text holding one Pod or DaemonSet and any ConfigMaps (one document, a List
+    or a stream)."""
+    pods, config_maps = _split_objects(text, source)
+    if len(pods) != 1:
+        names = ", ".join(f"{obj.get('kind')} {_show(_name_of(obj))}" for _, _, obj in pods)
+        raise ManifestError(
+            source, "", f"expected exactly one Pod or DaemonSet, found {len(pods)}" + (f": {names}" if names else "")
+        )
+    label, prefix, obj = pods[0]
+    derived_from = ""
+    if obj.get("kind") != "Pod":
+        obj, prefix, derived_from = _workload_pod(obj, label, prefix, node_name)
+    pod = _parse_pod(obj, label, prefix)
+    maps = {}
+    for map_label, map_prefix, map_obj in config_maps:
+        config_map = _parse_config_map(map_obj, map_label, map_prefix)
+        if config_map.namespace == _metadata(pod).namespace:
+            maps[config_map.name] = config_map
+    return PodInput(pod=pod, config_maps=maps, derived_from=derived_from)
+
+
+def parse_config_maps_text(text: str, source: str = "<manifest>") -> dict[str, ConfigMap]:
+    """The ConfigMaps of YAML text that holds nothing else, by name."""
+    pods, config_maps = _split_objects(text, source)
+    if pods:
+        label, prefix, obj = pods[0]
+        raise ManifestError(label, prefix + "kind", f"expected only ConfigMaps, got {_show(obj.get('kind'))}")
+    parsed = [_parse_config_map(obj, label, prefix) for label, prefix, obj in config_maps]
+    return {config_map.name: config_map for config_map in parsed}
+
+
+_Found = list[tuple[str, str, Any]]  # (source label, field prefix, object)
+
+
+def _split_objects(text: str, source: str) -> tuple[_Found, _Found]:
+    """(pods and workloads, ConfigMaps) of YAML text: one document, a List or a stream."""
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
         raise ManifestError(source, "", f"invalid YAML: {_one_line(str(exc))}") from exc
     if not documents:
         raise ManifestError(source, "", "no Pod found: the file is empty")
-    if len(documents) == 1 and not _is_list(documents[0]):
-        return parse_pod(documents[0], source)
-
-    pods: list[tuple[str, str, Any]] = []  # (source label, field prefix, object)
+    pods: _Found = []
+    config_maps: _Found = []
     for number, document in enumerate(documents, start=1):
         label = source if len(documents) == 1 else f"{source} (document {number})"
         for prefix, obj in _objects_in(document, label):
-            pods.append((label, prefix, obj))
-    if len(pods) != 1:
-        raise ManifestError(source, "", f"expected exactly one Pod, found {len(pods)} objects of kind Pod")
-    label, prefix, obj = pods[0]
-    return _parse_pod(obj, label, prefix)
+            (config_maps if obj.get("kind") == "ConfigMap" else pods).append((label, prefix, obj))
+    return pods, config_maps
+
+
+def _name_of(obj: Mapping[str, Any]) -> object:
+    metadata = obj.get("metadata")
+    return metadata.get("name") if isinstance(metadata, Mapping) else None
+
+
+def _metadata(pod: V1Pod) -> Any:
+    return pod.metadata
+
+
+def _workload_pod(obj: Mapping[str, Any], label: str, prefix: str, node_name: str | None) -> tuple[Any, str, str]:
+    """(the pod its controller makes, the field prefix of its template, what it came from)."""
+    check = _Checker(label, prefix)
+    kind = str(obj.get("kind"))
+    if obj.get("apiVersion") != POD_TEMPLATE_KINDS[kind]:
+        expected = _show(POD_TEMPLATE_KINDS[kind])
+        raise check.fail("apiVersion", f"expected {expected}, got {_show(obj.get('apiVersion'))}")
+    metadata = check.mapping(obj.get("metadata"), "metadata", required=True)
+    name = check.string(metadata.get("name"), "metadata.name", required=True)
+    namespace = check.string(metadata.get("namespace"), "metadata.namespace") or DEFAULT_NAMESPACE
+    spec = check.mapping(obj.get("spec"), "spec", required=True)
+    template = check.mapping(spec.get("template"), "spec.template", required=True)
+    check.mapping(template.get("metadata"), "spec.template.metadata")
+    check.string_map((template.get("metadata") or {}).get("labels"), "spec.template.metadata.labels")
+    check.mapping(template.get("spec"), "spec.template.spec", required=True)
+    node = node_name or socket.gethostname()
+    pod = daemonset_pod(obj, node, namespace)
+    return pod, prefix + "spec.template.", f"{kind} {namespace}/{name}"
+
+
+def _parse_config_map(obj: Mapping[str, Any], label: str, prefix: str) -> ConfigMap:
+    check = _Checker(label, prefix)
+    if obj.get("apiVersion") != "v1":
+        raise check.fail("apiVersion", f'expected "v1", got {_show(obj.get("apiVersion"))}')
+    metadata = check.mapping(obj.get("metadata"), "metadata", required=True)
+    name = check.string(metadata.get("name"), "metadata.name", required=True)
+    assert name is not None
+    namespace = check.string(metadata.get("namespace"), "metadata.namespace") or DEFAULT_NAMESPACE
+    files: dict[str, bytes] = {}
+    for key, value in check.mapping(obj.get("data"), "data").items():
+        _check_config_key(check, f"data.{key}", key)
+        text = check.string(value, f"data.{key}")
+        files[key] = (text or "").encode()
+    for key, value in check.mapping(obj.get("binaryData"), "binaryData").items():
+        _check_config_key(check, f"binaryData.{key}", key)
+        if key in files:
+            raise check.fail(f"binaryData.{key}", "duplicate of a key in data")
+        text = check.string(value, f"binaryData.{key}") or ""
+        try:
+            files[key] = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise check.fail(f"binaryData.{key}", f"not base64: {exc}") from None
+    return ConfigMap(name=name, namespace=namespace, files=files)
+
+
+def _check_config_key(check: _Checker, field_path: str, key: str) -> None:
+    if len(key) > 253 or not _CONFIG_KEY_RE.match(key) or key in (".", ".."):
+        raise check.fail(field_path, f"{_show(key)} is not a valid ConfigMap key")
 
 
 def parse_pod(data: object, source: str = "<manifest>") -> V1Pod:
@@ -178,17 +329,21 @@ def _objects_in(document: object, label: str) -> Iterator[tuple[str, Any]]:
             prefix = f"items[{index}]"
             if not isinstance(item, Mapping):
                 raise ManifestError(label, prefix, f"expected a mapping, got {_type_name(item)}")
-            if item.get("kind") != "Pod":
-                raise ManifestError(
-                    label,
-                    f"{prefix}.kind",
-                    f"only Pod objects are supported, got {_show(item.get('kind'))}",
-                )
+            _check_kind(item, label, f"{prefix}.kind")
             yield prefix + ".", item
         return
-    if document.get("kind") != "Pod":
-        raise ManifestError(label, "kind", f"only Pod objects are supported, got {_show(document.get('kind'))}")
+    _check_kind(document, label, "kind")
     yield "", document
+
+
+def _check_kind(obj: Mapping[str, Any], label: str, field_path: str) -> None:
+    if obj.get("kind") not in _OBJECT_KINDS:
+        raise ManifestError(
+            label,
+            field_path,
+            f"only {', '.join(_OBJECT_KINDS[:-1])} and {_OBJECT_KINDS[-1]} objects are supported, "
+            f"got {_show(obj.get('kind'))}",
+        )
 
 
 class _Checker:
@@ -292,8 +447,9 @@ def _parse_pod(data: object, source: str, prefix: str) -> V1Pod:
             f"{_show(namespace)} is not a valid namespace (lowercase RFC 1123 label, at most 63 characters)",
         )
     uid = check.string(metadata.get("uid"), "metadata.uid")
-    if uid is not None and not uid.strip():
-        raise check.fail("metadata.uid", "must not be blank")
+    if uid is not None and not _UID_RE.match(uid):
+        # kubelet makes directories named after it (the pod's volumes).
+        raise check.fail("metadata.uid", f"{_show(uid)} is not a valid uid (letters, digits, '-', '_', '.')")
     check.string_map(metadata.get("labels"), "metadata.labels")
     check.string_map(metadata.get("annotations"), "metadata.annotations")
     metadata["namespace"] = namespace
@@ -369,10 +525,8 @@ def _check_spec(check: _Checker, spec: Mapping[str, Any]) -> None:
                 f"volume source {', '.join(sources) or '(none)'} is not supported by play "
                 f"(supported: {', '.join(_SUPPORTED_VOLUME_SOURCES)})",
             )
-        host_path = check.mapping(body["hostPath"], f"{field}.hostPath", required=True)
-        path = check.string(host_path.get("path"), f"{field}.hostPath.path", required=True)
-        if path is not None and not path.startswith("/"):
-            raise check.fail(f"{field}.hostPath.path", f"must be an absolute path, got {_show(path)}")
+        _VOLUME_CHECKS[sources[0]](check, check.mapping(body[sources[0]], f"{field}.{sources[0]}"),
+                                   f"{field}.{sources[0]}")
 
     for flag in ("hostNetwork", "hostPID", "hostIPC", "shareProcessNamespace"):
         check.boolean(spec.get(flag), f"spec.{flag}")
@@ -385,6 +539,7 @@ def _check_spec(check: _Checker, spec: Mapping[str, Any]) -> None:
     pod_sc = check.mapping(spec.get("securityContext"), "spec.securityContext")
     for key in ("runAsUser", "runAsGroup", "fsGroup"):
         check.integer(pod_sc.get(key), f"spec.securityContext.{key}")
+    _check_seccomp(check, pod_sc.get("seccompProfile"), "spec.securityContext.seccompProfile")
     for index, group in enumerate(
         check.sequence(pod_sc.get("supplementalGroups"), "spec.securityContext.supplementalGroups")
     ):
@@ -394,11 +549,98 @@ def _check_spec(check: _Checker, spec: Mapping[str, Any]) -> None:
     for list_name in _CONTAINER_LISTS:
         for index, container in enumerate(check.sequence(spec.get(list_name), f"spec.{list_name}")):
             field = f"spec.{list_name}[{index}]"
-            _check_container(check, check.mapping(container, field, required=True), field, names, volumes)
+            _check_container(check, check.mapping(container, field, required=True), field, names, volumes,
+                             host_network=bool(spec.get("hostNetwork")))
+
+
+def _check_host_path(check: _Checker, body: Mapping[str, Any], field: str) -> None:
+    path = check.string(body.get("path"), f"{field}.path", required=True)
+    if path is not None and not path.startswith("/"):
+        raise check.fail(f"{field}.path", f"must be an absolute path, got {_show(path)}")
+    kind = check.string(body.get("type"), f"{field}.type")
+    if kind is not None and kind not in HOST_PATH_TYPES:
+        known = ", ".join(HOST_PATH_TYPES[1:])
+        raise check.fail(f"{field}.type", f"unknown hostPath type {_show(kind)} (known: {known})")
+
+
+def _check_config_map_volume(check: _Checker, body: Mapping[str, Any], field: str) -> None:
+    check.string(body.get("name"), f"{field}.name", required=True)
+    check.boolean(body.get("optional"), f"{field}.optional")
+    _check_mode(check, body.get("defaultMode"), f"{field}.defaultMode")
+    for index, item in enumerate(check.sequence(body.get("items"), f"{field}.items")):
+        item_field = f"{field}.items[{index}]"
+        item_body = check.mapping(item, item_field, required=True)
+        check.string(item_body.get("key"), f"{item_field}.key", required=True)
+        path = check.string(item_body.get("path"), f"{item_field}.path", required=True)
+        assert path is not None
+        if path.startswith("/") or ".." in path.split("/") or path.startswith(".."):
+            raise check.fail(f"{item_field}.path", f"must be a relative path without '..', got {_show(path)}")
+        _check_mode(check, item_body.get("mode"), f"{item_field}.mode")
+
+
+def _check_mode(check: _Checker, value: object, field: str) -> None:
+    check.integer(value, field)
+    if isinstance(value, int) and not 0 <= value <= 0o777:
+        raise check.fail(field, f"must be a file mode between 0 and 0777, got {value}")
+
+
+def _check_empty_dir(check: _Checker, body: Mapping[str, Any], field: str) -> None:
+    medium = check.string(body.get("medium"), f"{field}.medium")
+    if medium not in (None, "", "Memory"):
+        raise check.fail(f"{field}.medium", f"medium {_show(medium)} is not supported by play (\"\" or Memory)")
+    if body.get("sizeLimit") is not None:
+        try:
+            parse_quantity_value(body["sizeLimit"])
+        except ValueError as exc:
+            raise check.fail(f"{field}.sizeLimit", str(exc)) from None
+
+
+_VOLUME_CHECKS: dict[str, Callable[[_Checker, Mapping[str, Any], str], None]] = {
+    "hostPath": _check_host_path,
+    "configMap": _check_config_map_volume,
+    "emptyDir": _check_empty_dir,
+}
+
+
+def _check_seccomp(check: _Checker, value: object, field: str) -> None:
+    body = check.mapping(value, field)
+    kind = check.string(body.get("type"), f"{field}.type", required=bool(body))
+    if kind is not None and kind not in _SECCOMP_TYPES:
+        raise check.fail(f"{field}.type", f"unknown seccomp profile type {_show(kind)}")
+    if kind == "Localhost":
+        check.string(body.get("localhostProfile"), f"{field}.localhostProfile", required=True)
+
+
+def _check_env_source(check: _Checker, source: Mapping[str, Any], field: str, host_network: bool) -> None:
+    """valueFrom: the downward API fields kubelet resolves, and keys of the input's ConfigMaps."""
+    kinds = list(source)
+    if kinds == ["fieldRef"]:
+        ref = check.mapping(source["fieldRef"], f"{field}.fieldRef", required=True)
+        path = check.string(ref.get("fieldPath"), f"{field}.fieldRef.fieldPath", required=True)
+        assert path is not None
+        if path.startswith("status.podIP") and not host_network:
+            raise check.fail(f"{field}.fieldRef.fieldPath",
+                             "status.podIP is known only with hostNetwork here (play runs no CNI IPAM lookup)")
+        if path not in ENV_FIELD_PATHS and not any(
+            path.startswith(f"{prefix}['") and path.endswith("']") for prefix in _ENV_FIELD_MAPS
+        ):
+            raise check.fail(f"{field}.fieldRef.fieldPath", f"field {_show(path)} is not supported by play "
+                             f"(supported: {', '.join(ENV_FIELD_PATHS)}, metadata.labels['...'], "
+                             "metadata.annotations['...'])")
+        return
+    if kinds == ["configMapKeyRef"]:
+        ref = check.mapping(source["configMapKeyRef"], f"{field}.configMapKeyRef", required=True)
+        check.string(ref.get("name"), f"{field}.configMapKeyRef.name", required=True)
+        check.string(ref.get("key"), f"{field}.configMapKeyRef.key", required=True)
+        check.boolean(ref.get("optional"), f"{field}.configMapKeyRef.optional")
+        return
+    raise check.fail(field, f"{', '.join(kinds) or '(empty)'} is not supported by play (supported: fieldRef, "
+                     "configMapKeyRef from a ConfigMap in the input; there is no API server for the rest)")
 
 
 def _check_container(
-    check: _Checker, container: Mapping[str, Any], field: str, names: set[str], volumes: set[str]
+    check: _Checker, container: Mapping[str, Any], field: str, names: set[str], volumes: set[str],
+    *, host_network: bool = False,
 ) -> None:
     name = check.string(container.get("name"), f"{field}.name", required=True)
     assert name is not None
@@ -426,10 +668,8 @@ def _check_container(
         if env_name is not None and not _ENV_NAME_RE.match(env_name):
             raise check.fail(f"{env_field}.name", f"invalid environment variable name {_show(env_name)}")
         if body.get("valueFrom") is not None:
-            raise check.fail(
-                f"{env_field}.valueFrom",
-                "not supported by play (there is no API server to resolve it); use value",
-            )
+            source = check.mapping(body["valueFrom"], f"{env_field}.valueFrom")
+            _check_env_source(check, source, f"{env_field}.valueFrom", host_network)
         value = body.get("value")
         if value is not None and not isinstance(value, str):
             raise check.fail(
@@ -447,6 +687,13 @@ def _check_container(
         if path is not None and not path.startswith("/"):
             raise check.fail(f"{mount_field}.mountPath", f"must be an absolute path, got {_show(path)}")
         check.boolean(body.get("readOnly"), f"{mount_field}.readOnly")
+        propagation = check.string(body.get("mountPropagation"), f"{mount_field}.mountPropagation")
+        if propagation is not None and propagation not in _PROPAGATIONS:
+            raise check.fail(f"{mount_field}.mountPropagation", f"unknown propagation {_show(propagation)} "
+                             f"(known: {', '.join(_PROPAGATIONS)})")
+        sub_path = check.string(body.get("subPath"), f"{mount_field}.subPath")
+        if sub_path and (sub_path.startswith("/") or ".." in sub_path.split("/")):
+            raise check.fail(f"{mount_field}.subPath", f"must be a relative path without '..', got {_show(sub_path)}")
     for index, port in enumerate(check.sequence(container.get("ports"), f"{field}.ports")):
         port_field = f"{field}.ports[{index}]"
         body = check.mapping(port, port_field, required=True)
@@ -457,6 +704,12 @@ def _check_container(
         check.integer(sc.get(key), f"{field}.securityContext.{key}")
     for key in ("privileged", "readOnlyRootFilesystem", "allowPrivilegeEscalation", "runAsNonRoot"):
         check.boolean(sc.get(key), f"{field}.securityContext.{key}")
+    capabilities = check.mapping(sc.get("capabilities"), f"{field}.securityContext.capabilities")
+    for key in ("add", "drop"):
+        caps_field = f"{field}.securityContext.capabilities.{key}"
+        for index, item in enumerate(check.sequence(capabilities.get(key), caps_field)):
+            check.string(item, f"{caps_field}[{index}]", required=True)
+    _check_seccomp(check, sc.get("seccompProfile"), f"{field}.securityContext.seccompProfile")
 
 
 def _show(value: object) -> str:

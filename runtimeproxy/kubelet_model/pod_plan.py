@@ -16,10 +16,19 @@ Here:
 * sandbox config, labels, annotations: ``pkg/kubelet/kuberuntime/
   kuberuntime_sandbox.go``, ``labels.go``, ``security_context.go``.
 
+* volumes (hostPath, configMap, emptyDir): :mod:`runtimeproxy.kubelet_model.volumes`;
+  environment from the downward API (``fieldRef``) and ConfigMap keys as
+  ``pkg/kubelet/kubelet_pods.go`` makeEnvironmentVariables resolves them.
+
+Accepted and left to others, as on a node: probes (kubelet runs them itself, never
+through CRI; play runs none), ``priorityClassName``, tolerations, node selectors and
+affinity (scheduling).
+
 Not modelled (kubelet does these, play does not): hugepage limits, swap
 settings (``memory_swap_limit_in_bytes`` / ``unified``), the managed
 ``/etc/hosts`` and ``/dev/termination-log`` mounts, volumes other than
-hostPath, service-link environment variables, DNS other than
+hostPath, configMap and emptyDir, fsGroup ownership of volumes,
+service-link environment variables, DNS other than
 ``dnsPolicy: None`` (without a DNSConfig the runtime copies the node's
 resolv.conf), AppArmor, SELinux, user namespaces and device plugins.  The
 ``io.kubernetes.container.hash`` annotation is our own hash of the same
@@ -31,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,7 +56,15 @@ from runtimeproxy.kubelet_model.cri_resources import (
     sandbox_resources,
 )
 from runtimeproxy.kubelet_model.kube_qos import KubeQoSClass, pod_qos_class
+from runtimeproxy.kubelet_model.manifest import ConfigMap
 from runtimeproxy.kubelet_model.pod_resources import is_sidecar, pod_containers, pod_init_containers
+from runtimeproxy.kubelet_model.volumes import (
+    DEFAULT_KUBELET_ROOT,
+    PodSetupError,
+    VolumePlan,
+    plan_volumes,
+    pod_directory,
+)
 
 __all__ = [
     "CONTAINER_NAME_LABEL",
@@ -58,6 +75,7 @@ __all__ = [
     "POD_UID_LABEL",
     "CgroupDriver",
     "ContainerPlan",
+    "NodeFacts",
     "PodPlan",
     "build_plan",
     "container_annotations",
@@ -283,11 +301,61 @@ def expand_vars(text: str, lookup: Callable[[str], str | None]) -> str:
     return "".join(out)
 
 
-def _container_env(container: Any) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class NodeFacts:
+    """What kubelet knows of its node and the API objects a pod refers to."""
+
+    node_name: str = ""
+    node_ip: str = ""
+    config_maps: Mapping[str, ConfigMap] = field(default_factory=dict)
+
+
+def _field_value(pod: Any, path: str, node: NodeFacts) -> str:
+    """A downward API field as kubelet's podFieldSelectorRuntimeValue gives it."""
+    meta = pod.metadata
+    for prefix, values in (("metadata.labels", meta.labels), ("metadata.annotations", meta.annotations)):
+        if path.startswith(f"{prefix}['"):
+            return str((values or {}).get(path[len(prefix) + 2 : -2], ""))
+    simple = {
+        "metadata.name": meta.name,
+        "metadata.namespace": meta.namespace,
+        "metadata.uid": meta.uid,
+        "spec.nodeName": _spec(pod).node_name or node.node_name,
+        "spec.serviceAccountName": _spec(pod).service_account_name or "",
+    }
+    if path in simple:
+        return str(simple[path])
+    if path.startswith(("status.hostIP", "status.podIP")):  # podIP: hostNetwork only (checked)
+        if not node.node_ip:
+            raise PodSetupError(f"{path} needs the node's address (--node-ip)")
+        return node.node_ip
+    raise PodSetupError(f"field {path!r} is not supported by play")
+
+
+def _env_source_value(pod: Any, source: Any, node: NodeFacts) -> str | None:
+    """The value of a valueFrom (None: an optional ConfigMap key that is missing)."""
+    if source.field_ref is not None:
+        return _field_value(pod, source.field_ref.field_path, node)
+    ref = source.config_map_key_ref
+    config_map = node.config_maps.get(ref.name)
+    data = None if config_map is None else config_map.files.get(ref.key)
+    if data is None:
+        if ref.optional:
+            return None
+        raise PodSetupError(f"environment: configmap {ref.name!r} key {ref.key!r} not found")
+    return data.decode("utf-8", errors="replace")
+
+
+def _container_env(pod: Any, container: Any, node: NodeFacts) -> list[tuple[str, str]]:
     """Environment in declaration order; a repeated name keeps its first
     position and its last value; values may refer to earlier variables."""
     values: dict[str, str] = {}
     for env in container.env or []:
+        if env.value_from is not None:
+            value = _env_source_value(pod, env.value_from, node)
+            if value is not None:
+                values[env.name] = value
+            continue
         values[env.name] = expand_vars(env.value or "", values.get)
     return list(values.items())
 
@@ -428,6 +496,9 @@ class PodPlan:
     termination_grace_period: int
     sandbox_request: cri.RunPodSandboxRequest
     containers: tuple[ContainerPlan, ...] = field(default_factory=tuple)
+    volumes: tuple[VolumePlan, ...] = field(default_factory=tuple)
+    # kubelet's <root>/pods/<uid>: the configMap and emptyDir volumes live below it.
+    pod_directory: str = ""
 
     @property
     def sandbox_config(self) -> cri.PodSandboxConfig:
@@ -498,19 +569,18 @@ def _dns_config(pod: Any) -> cri.DNSConfig | None:
     )
 
 
-def _mounts(pod: Any, container: Any) -> list[cri.Mount]:
-    volumes = {volume.name: volume for volume in _spec(pod).volumes or []}
+def _mounts(container: Any, volumes: Mapping[str, VolumePlan]) -> list[cri.Mount]:
     mounts = []
     for mount in container.volume_mounts or []:
         volume = volumes[mount.name]
-        host_path = volume.host_path.path
+        host_path = volume.path
         if mount.sub_path:
             host_path = posixpath.join(host_path, mount.sub_path)
         mounts.append(
             cri.Mount(
                 container_path=mount.mount_path,
                 host_path=host_path,
-                readonly=bool(mount.read_only),
+                readonly=bool(mount.read_only) or volume.read_only,
                 propagation=_MOUNT_PROPAGATION.get(mount.mount_propagation, cri.PROPAGATION_PRIVATE),
             )
         )
@@ -531,8 +601,10 @@ def _container_config(
     kind: ContainerKind,
     resources: LinuxResources,
     attempt: int,
+    volumes: Mapping[str, VolumePlan],
+    node: NodeFacts,
 ) -> cri.ContainerConfig:
-    env = _container_env(container)
+    env = _container_env(pod, container, node)
     env_map = dict(env)
     command = [expand_vars(arg, env_map.get) for arg in container.command or []]
     args = [expand_vars(arg, env_map.get) for arg in container.args or []]
@@ -543,7 +615,7 @@ def _container_config(
         args=args,
         working_dir=container.working_dir or "",
         envs=[_key_value(key, value) for key, value in env],
-        mounts=_mounts(pod, container),
+        mounts=_mounts(container, volumes),
         labels=container_labels(pod, container),
         annotations=container_annotations(pod, container, restart_count=attempt, kind=kind),
         log_path=posixpath.join(container.name, f"{attempt}.log"),
@@ -568,13 +640,21 @@ def build_plan(
     runtime_handler: str = "",
     cpu_cfs_quota: bool = True,
     attempt: int = 0,
+    kubelet_root: str = DEFAULT_KUBELET_ROOT,
+    node: NodeFacts | None = None,
 ) -> PodPlan:
     """Compute the RunPodSandbox request and the CreateContainer templates.
 
     ``log_dir_base`` replaces kubelet's ``/var/log/pods``; ``cgroup_root``
-    is kubelet's ``--cgroup-root``.  Machine memory
+    is kubelet's ``--cgroup-root``; ``kubelet_root`` its ``--root-dir`` (where
+    the pod's configMap and emptyDir volumes go).  Machine memory
     is read from ``meminfo_path`` only when ``machine_memory`` is None.
+    ``node`` names the node and holds the ConfigMaps the pod refers to; a volume
+    or variable that cannot be resolved raises :class:`PodSetupError`.
     """
+    node = node or NodeFacts()
+    volumes = plan_volumes(pod, kubelet_root, node.config_maps)
+    by_name = {volume.name: volume for volume in volumes}
     if machine_memory is None:
         machine_memory = read_machine_memory(meminfo_path)
     meta = pod.metadata
@@ -614,7 +694,7 @@ def build_plan(
     plans = []
     for container, kind in ordered:
         resources = container_resources(pod, container, machine_memory, qos=qos, cpu_cfs_quota=cpu_cfs_quota)
-        container_config = _container_config(pod, container, kind, resources, 0)
+        container_config = _container_config(pod, container, kind, resources, 0, by_name, node)
         if runtime_handler:
             container_config.image.runtime_handler = runtime_handler
         request = cri.CreateContainerRequest(pod_sandbox_id="", config=container_config, sandbox_config=config)
@@ -632,6 +712,8 @@ def build_plan(
         termination_grace_period=DEFAULT_TERMINATION_GRACE_PERIOD if grace is None else int(grace),
         sandbox_request=sandbox_request,
         containers=tuple(plans),
+        volumes=volumes,
+        pod_directory=pod_directory(kubelet_root, meta.uid),
     )
 
 

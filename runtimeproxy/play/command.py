@@ -14,6 +14,10 @@ With ``--output json`` stdout carries exactly one JSON object:
   "details", "cleanup"}}`` (also written to stderr as text).
 
 Progress lines go to stdout in text mode and to stderr in JSON mode.
+
+The input may hold a DaemonSet instead of a Pod (its pod for ``--node-name`` plays) and
+the ConfigMaps its volumes and variables name; ``--configmap FILE`` adds ConfigMaps from
+other files. configMap and emptyDir volumes go below ``--kubelet-root``.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ import click
 
 if TYPE_CHECKING:  # the kubernetes client is slow to import: only when play runs
     from runtimeproxy.kubelet_model.manifest import ManifestError
-    from runtimeproxy.kubelet_model.pod_plan import CgroupDriver, PodPlan
+    from runtimeproxy.kubelet_model.pod_plan import CgroupDriver, NodeFacts, PodPlan
     from runtimeproxy.play.runner import PlayError
 
 __all__ = ["DEFAULT_ENDPOINT", "DEFAULT_LOG_DIR", "play_command"]
 
 DEFAULT_ENDPOINT = "/var/run/runtimeproxy/runtimeproxy.sock"
 DEFAULT_LOG_DIR = os.path.join(tempfile.gettempdir(), "runtimeproxy-play", "pods")
+DEFAULT_KUBELET_ROOT = os.path.join(tempfile.gettempdir(), "runtimeproxy-play", "kubelet")
 
 
 def _emit_json(obj: dict[str, Any]) -> None:
@@ -107,6 +112,26 @@ def _plan_dump(plan: PodPlan) -> dict[str, Any]:
 )
 @click.option("--runtime-handler", default="", help="RuntimeClass handler for the sandbox.")
 @click.option(
+    "--kubelet-root",
+    type=click.Path(file_okay=False),
+    default=DEFAULT_KUBELET_ROOT,
+    show_default=True,
+    help="Where the pods' configMap and emptyDir volumes go (kubelet's --root-dir, /var/lib/kubelet).",
+)
+@click.option(
+    "--node-name",
+    default=None,
+    help="The node's name: spec.nodeName, and the node a DaemonSet's pod is made for [default: the host name].",
+)
+@click.option("--node-ip", default="", help="The node's address, for status.hostIP in the environment.")
+@click.option(
+    "--configmap",
+    "configmap_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A file with ConfigMaps the pod's volumes or variables name (repeatable).",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Print the CRI requests that would be sent and connect to nothing.",
@@ -132,6 +157,10 @@ def play_command(
     cgroup_driver: CgroupDriver,
     cgroup_root: str,
     runtime_handler: str,
+    kubelet_root: str,
+    node_name: str | None,
+    node_ip: str,
+    configmap_files: tuple[str, ...],
     dry_run: bool,
     output: str,
 ) -> None:
@@ -141,8 +170,9 @@ def play_command(
     container, with the cgroup parent, resources, labels and annotations
     kubelet would compute. Images must be on the node unless --pull is given.
     """
-    from runtimeproxy.kubelet_model.manifest import ManifestError, load_pod
+    from runtimeproxy.kubelet_model.manifest import ManifestError
     from runtimeproxy.kubelet_model.pod_plan import build_plan
+    from runtimeproxy.kubelet_model.volumes import PodSetupError
     from runtimeproxy.play.cri_client import CriClient
     from runtimeproxy.play.runner import PlayError, delete, play
 
@@ -153,13 +183,22 @@ def play_command(
         click.echo(line, err=as_json)
 
     try:
-        pod = load_pod(manifest)
+        pod, node, derived_from = _load(manifest, configmap_files, node_name, node_ip)
         plan = build_plan(
             pod,
             log_dir_base=os.path.abspath(log_dir),
             cgroup_driver=cgroup_driver,
             cgroup_root=cgroup_root,
             runtime_handler=runtime_handler,
+            kubelet_root=os.path.abspath(kubelet_root),
+            node=node,
+        )
+    except PodSetupError as exc:
+        _fail(
+            ctx,
+            2,
+            f"{manifest}: {exc}",
+            {"action": action, "ok": False, "error": {"step": "volumes", "details": str(exc)}} if as_json else None,
         )
     except ManifestError as exc:
         _fail(
@@ -183,6 +222,8 @@ def play_command(
             click.echo(_plan_text(plan, action))
         return
 
+    if derived_from:
+        say(f"pod {plan.namespace}/{plan.name}: the pod of {derived_from} on node {node.node_name}")
     say(f"pod {plan.namespace}/{plan.name} uid={plan.uid} qos={plan.qos_class.value} endpoint={endpoint}")
     try:
         client = CriClient(endpoint, timeout=timeout)
@@ -224,6 +265,37 @@ def play_command(
         say(f"pod {plan.namespace}/{plan.name} is running in sandbox {result.pod_sandbox_id}")
         for container in result.containers:
             say(f"  {container.name}\t{container.container_id}")
+
+
+def _load(
+    manifest: str, configmap_files: tuple[str, ...], node_name: str | None, node_ip: str
+) -> tuple[Any, NodeFacts, str]:
+    """The pod, the node facts with every ConfigMap of the input and of ``--configmap``, and
+    what the pod was derived from ("" for a Pod)."""
+    import socket
+
+    from runtimeproxy.kubelet_model.manifest import load_pod_input
+    from runtimeproxy.kubelet_model.pod_plan import NodeFacts
+
+    node = node_name or socket.gethostname()
+    loaded = load_pod_input(manifest, node_name=node)
+    config_maps = dict(loaded.config_maps)
+    namespace = str(getattr(loaded.pod.metadata, "namespace", ""))
+    for path in configmap_files:
+        config_maps.update(_config_maps_in(path, namespace))
+    return loaded.pod, NodeFacts(node_name=node, node_ip=node_ip, config_maps=config_maps), loaded.derived_from
+
+
+def _config_maps_in(path: str, namespace: str) -> dict[str, Any]:
+    """The ConfigMaps of one --configmap file that are in the pod's namespace."""
+    from runtimeproxy.kubelet_model.manifest import ManifestError, parse_config_maps_text
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(path, "", f"cannot read ConfigMaps: {exc}") from exc
+    return {name: cm for name, cm in parse_config_maps_text(text, path).items() if cm.namespace == namespace}
 
 
 def _plan_text(plan: PodPlan, action: str) -> str:

@@ -8,7 +8,8 @@ undoes what it created, says so, and raises :class:`PlayError`.
 
 :func:`delete` finds a Pod's sandboxes by the ``io.kubernetes.pod.uid``
 label, so it needs only the manifest, and stops and removes their
-containers and then the sandboxes.
+containers and then the sandboxes, then the pod's configMap and emptyDir
+volumes (:mod:`runtimeproxy.play.volumes`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import grpc
 
 from runtimeproxy.api.runtime.v1 import api_pb2 as cri
 from runtimeproxy.kubelet_model.pod_plan import POD_UID_LABEL, ContainerPlan, PodPlan
+from runtimeproxy.play import volumes
 from runtimeproxy.play.cri_client import CriClient
 
 __all__ = [
@@ -201,12 +203,24 @@ def play(
     """
     say = say or _quiet
     refs = _ensure_images(plan, client, pull, say)
+    fresh_pod_directory = bool(plan.pod_directory) and not os.path.exists(plan.pod_directory)
+    try:
+        for line in volumes.set_up(plan.volumes):
+            say(line)
+    except volumes.VolumeSetupError as exc:
+        notes = volumes.tear_down(plan.pod_directory) if fresh_pod_directory else []
+        raise PlayError("volumes", str(exc), cleanup=notes) from exc
     if make_log_dirs:
         os.makedirs(plan.log_directory, mode=0o755, exist_ok=True)
         for container in plan.containers:
             os.makedirs(os.path.join(plan.log_directory, container.name), mode=0o755, exist_ok=True)
 
-    response = _call("RunPodSandbox", client.runtime.RunPodSandbox, plan.sandbox_request, client.timeout)
+    try:
+        response = _call("RunPodSandbox", client.runtime.RunPodSandbox, plan.sandbox_request, client.timeout)
+    except PlayError as error:
+        if fresh_pod_directory:  # a pod already running with this uid keeps its volumes
+            error.cleanup = volumes.tear_down(plan.pod_directory)
+        raise
     result = PlayResult(pod_sandbox_id=response.pod_sandbox_id, plan=plan)
     say(f"sandbox {result.pod_sandbox_id}: running (cgroup parent {plan.cgroup_parent})")
     try:
@@ -214,6 +228,8 @@ def play(
             _start_container(plan, client, container, refs, result, say)
     except PlayError as error:
         error.cleanup = _rollback(client, result, say)
+        if fresh_pod_directory:
+            error.cleanup += volumes.tear_down(plan.pod_directory)
         raise
     except BaseException:
         _rollback(client, result, say)
@@ -329,7 +345,6 @@ def delete(
     )
     if not listed.items:
         say(f"no sandbox found for pod uid {uid}")
-        return result
     for sandbox in listed.items:
         containers = _call(
             "ListContainers",
@@ -369,4 +384,8 @@ def delete(
         )
         say(f"sandbox {sandbox.id}: removed")
         result.pod_sandbox_ids.append(sandbox.id)
+    # Only a pod with volumes play makes has a directory of play's to remove.
+    if isinstance(target, PodPlan) and any(volume.kind != "hostPath" for volume in target.volumes):
+        for line in volumes.tear_down(target.pod_directory):
+            say(f"volumes: {line}")
     return result

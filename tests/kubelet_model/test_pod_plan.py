@@ -714,3 +714,50 @@ def test_delete_grpc_error(tmp_path: Path) -> None:
     fake.fail["ListPodSandbox"] = (grpc.StatusCode.UNAVAILABLE, "down")
     with pytest.raises(PlayError, match="ListPodSandbox failed: UNAVAILABLE: down"):
         delete("uid", fake)  # type: ignore[arg-type]
+
+
+def _volume_plan(tmp_path: Path) -> pod_plan.PodPlan:
+    from runtimeproxy.kubelet_model.manifest import ConfigMap
+
+    pod = make_pod(
+        [{"volumeMounts": [{"name": "config", "mountPath": "/etc/c"}, {"name": "scratch", "mountPath": "/s"}]}],
+        volumes=[{"name": "config", "configMap": {"name": "c"}}, {"name": "scratch", "emptyDir": {}}],
+    )
+    maps = {"c": ConfigMap(name="c", namespace="ns", files={"k": b"v"})}
+    return build_plan(pod, log_dir_base=str(tmp_path / "logs"), machine_memory=8 * GI,
+                      kubelet_root=str(tmp_path / "kubelet"), node=pod_plan.NodeFacts(config_maps=maps))
+
+
+def test_play_sets_up_volumes_and_delete_removes_them(tmp_path: Path) -> None:
+    plan = _volume_plan(tmp_path)
+    fake = FakeCri()
+    play(plan, fake)  # type: ignore[arg-type]
+    pod_dir = Path(plan.pod_directory)
+    assert (pod_dir / "volumes/kubernetes.io~configmap/config/k").read_bytes() == b"v"
+    assert (pod_dir / "volumes/kubernetes.io~empty-dir/scratch").is_dir()
+    delete(plan, fake)  # type: ignore[arg-type]
+    assert not pod_dir.exists()
+
+
+def test_failed_sandbox_removes_the_volumes_it_made_but_not_a_running_pods(tmp_path: Path) -> None:
+    plan = _volume_plan(tmp_path)
+    fake = FakeCri()
+    fake.fail["RunPodSandbox"] = (grpc.StatusCode.UNKNOWN, "no")
+    with pytest.raises(PlayError) as info:
+        play(plan, fake)  # type: ignore[arg-type]
+    pod_dir = Path(plan.pod_directory)
+    assert not pod_dir.exists() and f"removed {pod_dir}" in info.value.cleanup
+    pod_dir.mkdir(parents=True)  # the same pod already running (its sandbox name is taken): volumes stay
+    with pytest.raises(PlayError):
+        play(plan, fake)  # type: ignore[arg-type]
+    assert (pod_dir / "volumes/kubernetes.io~configmap/config/..data").is_symlink()
+
+
+def test_unsafe_host_path_type_fails_before_the_sandbox(tmp_path: Path) -> None:
+    pod = make_pod([{"volumeMounts": [{"name": "h", "mountPath": "/h"}]}],
+                   volumes=[{"name": "h", "hostPath": {"path": str(tmp_path / "absent"), "type": "Directory"}}])
+    plan = build_plan(pod, log_dir_base=str(tmp_path / "logs"), machine_memory=8 * GI)
+    fake = FakeCri()
+    with pytest.raises(PlayError, match="does not exist") as info:
+        play(plan, fake)  # type: ignore[arg-type]
+    assert info.value.step == "volumes" and "RunPodSandbox" not in fake.names()

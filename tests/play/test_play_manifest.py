@@ -210,9 +210,19 @@ def test_error_message_format() -> None:
             "not a valid container name",
         ),
         (
-            _pod("env:\n  - name: A\n    valueFrom: {fieldRef: {fieldPath: metadata.name}}\n"),
+            _pod("env:\n  - name: A\n    valueFrom: {secretKeyRef: {name: s, key: k}}\n"),
             "spec.containers[0].env[0].valueFrom",
+            "secretKeyRef is not supported",
+        ),
+        (
+            _pod("env:\n  - name: A\n    valueFrom: {fieldRef: {fieldPath: status.phase}}\n"),
+            "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
             "not supported",
+        ),
+        (
+            _pod("env:\n  - name: A\n    valueFrom: {fieldRef: {fieldPath: status.podIP}}\n"),
+            "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
+            "hostNetwork",
         ),
         (
             _pod("env:\n  - name: A\n    value: 1\n"),
@@ -247,9 +257,54 @@ def test_error_message_format() -> None:
             "true or false",
         ),
         (
-            MINIMAL + "  volumes:\n    - name: data\n      emptyDir: {}\n",
+            MINIMAL + "  volumes:\n    - name: data\n      secret: {secretName: s}\n",
             "spec.volumes[0]",
+            "secret is not supported",
+        ),
+        (
+            MINIMAL + "  volumes:\n    - name: data\n      emptyDir: {medium: HugePages}\n",
+            "spec.volumes[0].emptyDir.medium",
             "not supported",
+        ),
+        (
+            MINIMAL + "  volumes:\n    - name: data\n      emptyDir: {sizeLimit: lots}\n",
+            "spec.volumes[0].emptyDir.sizeLimit",
+            "invalid quantity",
+        ),
+        (
+            MINIMAL + "  volumes:\n    - name: data\n      hostPath: {path: /x, type: Folder}\n",
+            "spec.volumes[0].hostPath.type",
+            "unknown hostPath type",
+        ),
+        (
+            MINIMAL + "  volumes:\n    - name: p\n      configMap: {name: c, items: [{key: k, path: ../x}]}\n",
+            "spec.volumes[0].configMap.items[0].path",
+            "without '..'",
+        ),
+        (
+            MINIMAL + "  volumes:\n    - name: p\n      configMap: {name: c, defaultMode: 4095}\n",
+            "spec.volumes[0].configMap.defaultMode",
+            "file mode",
+        ),
+        (
+            MINIMAL + "  volumes:\n    - name: p\n      configMap: {defaultMode: 420}\n",
+            "spec.volumes[0].configMap.name",
+            "missing",
+        ),
+        (
+            _pod("securityContext:\n  capabilities: {add: [1]}\n"),
+            "spec.containers[0].securityContext.capabilities.add[0]",
+            "expected a string",
+        ),
+        (
+            _pod("securityContext:\n  seccompProfile: {type: Strict}\n"),
+            "spec.containers[0].securityContext.seccompProfile.type",
+            "unknown seccomp profile type",
+        ),
+        (
+            MINIMAL.replace("  name: web\n", "  name: web\n  uid: ../../etc\n"),
+            "metadata.uid",
+            "not a valid uid",
         ),
         (
             MINIMAL + "  initContainers:\n    - name: app\n      image: x\n",
@@ -282,11 +337,11 @@ def test_not_a_mapping() -> None:
 def test_list_of_two_pods() -> None:
     item = "- " + MINIMAL.replace("\n", "\n  ").rstrip()
     text = "apiVersion: v1\nkind: List\nitems:\n" + item + "\n" + item.replace("web", "web2")
-    assert "exactly one Pod, found 2" in str(_error(text))
+    assert "exactly one Pod or DaemonSet, found 2: Pod \"web\", Pod \"web2\"" in str(_error(text))
 
 
 def test_list_item_of_another_kind() -> None:
-    text = "apiVersion: v1\nkind: List\nitems:\n  - {apiVersion: v1, kind: ConfigMap}\n"
+    text = "apiVersion: v1\nkind: List\nitems:\n  - {apiVersion: v1, kind: Service}\n"
     error = _error(text)
     assert error.field == "items[0].kind"
 
