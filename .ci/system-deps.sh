@@ -3,11 +3,14 @@
 # containerd with runc, the static busybox the test images are built from, the CNI
 # plugins for pod networking, and iproute2. Then makes sure every containerd series the
 # tests cover is there: the system's (bookworm: 1.6) and the others (trixie: 1.7, sid: 2.x),
-# fetched from the same Debian mirror and unpacked into a cache directory
-# ($RUNTIMEPROXY_RUNTIME_CACHE, default /var/cache/runtimeproxy-testbed), never installed
-# over the system's (runtimeproxy/testbed/runtimes.py).
+# plus sid's runc for the node tier's 2.x flavour, fetched from the same Debian mirror and
+# unpacked into a cache directory ($RUNTIMEPROXY_RUNTIME_CACHE, default
+# /var/cache/runtimeproxy-testbed), never installed over the system's
+# (runtimeproxy/testbed/runtimes.py).
 # Idempotent: apt is touched only when a package is missing, the mirror only when the
-# cache lacks a build. Runs unattended (no TTY) as root, or through passwordless sudo.
+# cache lacks a build or to ask sid for its current release (a newer one is fetched beside
+# the cached one; with the mirror out of reach the cached one is used). Runs unattended (no
+# TTY) as root, or through passwordless sudo.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -139,6 +139,16 @@ def _pod_roots(ctx: click.Context, param: click.Parameter, value: tuple[str, ...
         raise click.BadParameter(str(exc)) from exc
 
 
+_cpu_weight_conversion_option = click.option(
+    "--cpu-weight-conversion",
+    type=click.Choice([c.value for c in WeightConversion]),
+    default=WeightConversion.LINEAR.value,
+    show_default=True,
+    show_envvar=True,
+    help="On cgroup v2, how the node's OCI runtime turns CPU shares into cpu.weight, so that plugin "
+    "weights rank with the ones it writes for kubelet: linear for runc before 1.3.2 and crun before "
+    "1.23, log-quadratic for runc 1.3.2+ and crun 1.23+ (docs/runtime-hooks.md).",
+)
 _pod_roots_option = click.option(
     "--cgroup-parent-root",
     "cgroup_parent_roots",
@@ -173,16 +183,7 @@ _resctrl_root_option = click.option(
 )
 @_cgroup_root_option
 @_cgroup_driver_option
-@click.option(
-    "--cpu-weight-conversion",
-    type=click.Choice([c.value for c in WeightConversion]),
-    default=WeightConversion.LINEAR.value,
-    show_default=True,
-    show_envvar=True,
-    help="On cgroup v2, how the node's OCI runtime turns CPU shares into cpu.weight, so that plugin "
-    "weights rank with the ones it writes for kubelet: linear for runc before 1.3.2 and crun before "
-    "1.23, log-quadratic for runc 1.3.2+ and crun 1.23+ (docs/runtime-hooks.md).",
-)
+@_cpu_weight_conversion_option
 @_pod_roots_option
 @_resctrl_root_option
 @_policy_option("Per-class policy YAML, re-read when it changes.  [default: the built-in policy]")
@@ -544,6 +545,7 @@ def _table(discovery: DiscoveryResult, enabled: set[str]) -> str:
 @_policy_option("Per-class policy YAML laid over the defaults.  [default: the built-in policy]")
 @_cgroup_root_option
 @_cgroup_driver_option
+@_cpu_weight_conversion_option
 @_pod_roots_option
 @_resctrl_root_option
 @_enable_option
@@ -567,6 +569,7 @@ def explain(
     policy_file: str | None,
     cgroup_root: str,
     cgroup_driver: CgroupDriver,
+    cpu_weight_conversion: str,
     cgroup_parent_roots: PodRoots,
     resctrl_root: str,
     enable: tuple[str, ...],
@@ -589,6 +592,7 @@ def explain(
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr), cache_logger_on_first_use=False)
     require_tools("runtime-hooks explain", KUBERNETES)
     from runtimeproxy.kubelet_model.manifest import ManifestError  # imports kubernetes: only here
+    from runtimeproxy.kubelet_model.volumes import PodSetupError
 
     from .explain import explain_manifest, render_text
 
@@ -612,12 +616,15 @@ def explain(
                 policy_source=f"{policy_file} over the defaults" if policy_file else "built-in defaults",
                 cgroup_root=cgroup_root,
                 cgroup_driver=cgroup_driver,
+                weight_conversion=WeightConversion(cpu_weight_conversion),
                 resctrl_root=resctrl_root,
                 cgroup_parent_roots=cgroup_parent_roots.roots,
             )
         )
     except ManifestError as exc:
         _fail(str(exc))
+    except PodSetupError as exc:  # a configMap volume or variable: explain reads no ConfigMaps
+        _fail(f"{manifest}: {exc}")
     explanation.notes += [f"plugin {f.name} not loaded ({f.source}): {f.reason}" for f in discovery.failures]
     explanation.notes += mode_lines((p.name, p.hook_points) for p in runner.plugins)
     if output.lower() == "json":

@@ -21,7 +21,9 @@ merged and applied to the requests as the proxy does, so later hooks see the cha
 exist yet are simulated: the pod's cgroup exists from the start (kubelet creates it before
 RunPodSandbox), a container's from PostCreateContainer on, seeded with the CRI resources
 kubelet sends (what runc would write there); their other files are those of the nearest
-existing ancestor cgroup. Plugins must reach the node through these handles, or honour
+existing ancestor cgroup. On cgroup v2 CPU shares become cpu.weight as the node's runtime
+converts them (``weight_conversion``, serve's ``--cpu-weight-conversion``), in the seeded
+values and in the plugins' writes alike. Plugins must reach the node through these handles, or honour
 ``dry_run`` for anything else (netlink, sysctl): explain cannot intercept that.
 
 Sandbox and container ids are placeholders derived from the pod's uid (shown in the output).
@@ -56,6 +58,7 @@ from .cgroups import (
     CgroupFS,
     CgroupVersion,
     PodRoots,
+    WeightConversion,
     parent_path,
     shares_to_weight,
 )
@@ -224,8 +227,9 @@ class DryRunCgroupFS(CgroupFS):
         recorder: WriteRecorder,
         version: CgroupVersion | None = None,
         pod_roots: PodRoots | None = None,
+        weight_conversion: WeightConversion = WeightConversion.LINEAR,
     ) -> None:
-        super().__init__(root, driver, version=version, pod_roots=pod_roots)
+        super().__init__(root, driver, version=version, pod_roots=pod_roots, weight_conversion=weight_conversion)
         self.recorder = recorder
         self._simulated: set[str] = set()  # relative cgroup paths (ancestors included), all hierarchies
         self._seeded: dict[tuple[str, str], str] = {}  # (relative cgroup, file) -> content
@@ -336,8 +340,11 @@ class DryRunCgroupFS(CgroupFS):
         self._written[path] = text
 
 
-def kubelet_seed(version: CgroupVersion, resources: Any) -> dict[str, str]:
-    """What kubelet (pod cgroup) or runc (container cgroup) writes for CRI ``resources``."""
+def kubelet_seed(
+    version: CgroupVersion, resources: Any, conversion: WeightConversion = WeightConversion.LINEAR
+) -> dict[str, str]:
+    """What kubelet (pod cgroup) or runc (container cgroup) writes for CRI ``resources``; on v2
+    the weight as the node's runtime converts the shares (``conversion``)."""
     seed: dict[str, str] = {}
     if resources is None:
         return seed
@@ -346,7 +353,7 @@ def kubelet_seed(version: CgroupVersion, resources: Any) -> dict[str, str]:
     if version is CgroupVersion.V2:
         seed["cpu.max"] = f"{quota if quota > 0 else 'max'} {period}"
         if shares:
-            seed["cpu.weight"] = str(shares_to_weight(shares))
+            seed["cpu.weight"] = str(shares_to_weight(shares, conversion))
         seed["memory.max"] = str(memory) if memory > 0 else "max"
     else:
         seed["cpu.cfs_quota_us"] = str(quota if quota > 0 else -1)
@@ -825,6 +832,7 @@ def _node(cgroups: DryRunCgroupFS, resctrl: DryRunResctrlFS | None) -> tuple[dic
         "cgroup_root": str(cgroups.root),
         "cgroup_version": version,
         "cgroup_driver": cgroups.driver,
+        "cpu_weight_conversion": str(cgroups.weight_conversion),
         "resctrl": str(resctrl.root) if resctrl is not None else "not mounted (plugins get resctrl=None)",
     }
     return node, notes
@@ -838,13 +846,20 @@ async def explain_plan(
     policy_source: str = "built-in defaults",
     cgroup_root: str | os.PathLike[str] = CGROUP_ROOT,
     cgroup_driver: CgroupDriver = "cgroupfs",
+    weight_conversion: WeightConversion = WeightConversion.LINEAR,
     resctrl_root: str | os.PathLike[str] = RESCTRL_ROOT,
     cgroup_parent_roots: Sequence[str] = DEFAULT_CGROUP_ROOTS,
 ) -> Explanation:
     """Rehearse ``plan`` with ``plugins`` (enabled ones, any order) against the node's cgroups
     and resctrl, read-only; see the module doc."""
     recorder = WriteRecorder()
-    cgroups = DryRunCgroupFS(cgroup_root, cgroup_driver, recorder=recorder, pod_roots=PodRoots(cgroup_parent_roots))
+    cgroups = DryRunCgroupFS(
+        cgroup_root,
+        cgroup_driver,
+        recorder=recorder,
+        pod_roots=PodRoots(cgroup_parent_roots),
+        weight_conversion=weight_conversion,
+    )
     probe = DryRunResctrlFS(Path(resctrl_root), recorder=recorder)
     resctrl = probe if probe.available() else None
     node, notes = _node(cgroups, resctrl)
@@ -855,6 +870,7 @@ async def explain_plan(
         settings={
             "cgroup_root": str(cgroup_root),
             "cgroup_driver": cgroup_driver,
+            "cpu_weight_conversion": str(weight_conversion),
             "resctrl_root": str(resctrl_root),
         },
         dry_run=True,
@@ -870,7 +886,8 @@ async def explain_plan(
     qos: QoSResolution = qos_of(_pod_info(pod_view))
     version_known = node["cgroup_version"] != "none"
     if version_known:  # kubelet creates the pod's cgroup before RunPodSandbox
-        cgroups.simulate(plan.cgroup_parent, seed=kubelet_seed(cgroups.version, sandbox_config.linux.resources))
+        seed = kubelet_seed(cgroups.version, sandbox_config.linux.resources, weight_conversion)
+        cgroups.simulate(plan.cgroup_parent, seed=seed)
 
     await rehearsal.start()
     try:
@@ -888,7 +905,7 @@ async def explain_plan(
             await rehearsal.container(creating, view, container.name)
             view.container_id = container_id
             if version_known:  # runc creates the container's cgroup at CreateContainer
-                seed = kubelet_seed(cgroups.version, request.config.linux.resources)
+                seed = kubelet_seed(cgroups.version, request.config.linux.resources, weight_conversion)
                 cgroups.simulate(request.sandbox_config.linux.cgroup_parent, container_id, seed)
             await rehearsal.started(pod_view, view)
     finally:
@@ -981,6 +998,11 @@ def _idle_lines(plugins: Sequence[str], reasons: Mapping[str, str]) -> list[str]
     return lines
 
 
+def _weights_note(node: Mapping[str, str]) -> str:
+    """How shares become weights, where they do (cgroup v2)."""
+    return f", {node['cpu_weight_conversion']} shares-to-weight" if node["cgroup_version"] == "v2" else ""
+
+
 def render_text(explanation: Explanation) -> str:
     """The explanation for people: the pod and its class, then per plugin every value it would set."""
     e = explanation
@@ -990,7 +1012,7 @@ def render_text(explanation: Explanation) -> str:
         f"  Kubernetes QoS: {e.kubernetes_qos}, cgroup parent {e.cgroup_parent}",
         f"  policy:         {e.policy}",
         f"  node:           cgroup {e.node['cgroup_version']} at {e.node['cgroup_root']} "
-        f"({e.node['cgroup_driver']} driver), resctrl {e.node['resctrl']}",
+        f"({e.node['cgroup_driver']} driver{_weights_note(e.node)}), resctrl {e.node['resctrl']}",
         "  ids:            " + ", ".join(f"{name} {value[:12]}" for name, value in e.ids.items()),
     ]
     if not e.plugins:

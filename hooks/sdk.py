@@ -87,8 +87,10 @@ runtime-hooks is in ``__all__`` (docs/writing-a-plugin.md lists each name); ever
   ``choice``, ``percent``, ``percent_range``, ``seconds``; ``feeds`` (a field that becomes a
   response field carries the bounds the proxy applies to it); ``Invalid``, ``Parser``,
   ``SectionCheck``, ``SectionSettings``.
-* The node handles: ``CgroupFS``, ``CgroupVersion``, ``CgroupError``, ``shares_to_weight``,
-  ``weight_to_shares``; ``ResctrlFS``, ``ResctrlError``.
+* The node handles: ``CgroupFS``, ``CgroupVersion``, ``CgroupError``; ``shares_to_weight``,
+  ``weight_to_shares`` and ``WeightConversion`` (how the node's runtime turns CPU shares into
+  cgroup v2 weight: a plugin that converts itself passes ``cgroups.weight_conversion``, the
+  node's, which ``CgroupFS.set_cpu_shares`` already follows); ``ResctrlFS``, ``ResctrlError``.
 * ``paced``: for a reconcile handler that walks many pods without holding the event loop
   (``async for pod in paced(pods)``): hook calls go on between its slices.
 * ``discover_plugins`` and ``ENTRY_POINT_GROUP``: how the server finds installed plugins.
@@ -98,7 +100,7 @@ from __future__ import annotations
 
 from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
-from .cgroups import CgroupError, CgroupFS, CgroupVersion, shares_to_weight, weight_to_shares
+from .cgroups import CgroupError, CgroupFS, CgroupVersion, WeightConversion, shares_to_weight, weight_to_shares
 from .changes import EnvChanges, HookResponse, ResourceChanges
 from .convert import qos_of
 from .definition import (
@@ -162,6 +164,7 @@ __all__ = [
     "SectionCheck",
     "SectionSettings",
     "ServerContext",
+    "WeightConversion",
     "boolean",
     "choice",
     "discover_plugins",

@@ -10,7 +10,8 @@ maintained, wheels for CPython 3.11 and 3.13 on x86_64 with no C library needed 
 (its compiled parts are optional speed-ups of pure Python). jeepney is pure Python but
 low-level (no service side, which the tests need to stand in for systemd); sdbus needs
 libsystemd. It connects to the system bus (``DBUS_SYSTEM_BUS_ADDRESS``, else
-``/run/dbus/system_bus_socket``) or to ``address``. Not to systemd's private socket
+``/var/run/dbus/system_bus_socket``, so an image without the ``/var/run`` -> ``/run`` link
+needs the variable; the Helm chart sets it) or to ``address``. Not to systemd's private socket
 ``/run/systemd/private``, which kubelet's go-systemd tries first: that is a direct connection
 with no bus daemon, where a client must not send the bus's ``Hello`` (go-systemd: "We skip
 Hello when talking directly to systemd"), and dbus-fast always sends it on connect. Root may

@@ -89,7 +89,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from ..cgroups import MAX_SHARES, MIN_SHARES, CgroupError, CgroupFS, CgroupUnsupported, CgroupVersion, shares_to_weight
+from ..cgroups import (
+    MAX_SHARES,
+    MIN_SHARES,
+    CgroupError,
+    CgroupFS,
+    CgroupUnsupported,
+    CgroupVersion,
+    WeightConversion,
+    shares_to_weight,
+)
 from ..extended_resources import (
     BATCH_CPU,
     EXTENDED_RESOURCE_SPEC_ANNOTATION,
@@ -247,8 +256,9 @@ class CpuPodPlan:
     group_identity: int | None = None
     notes: tuple[str, ...] = ()
 
-    def files(self, version: CgroupVersion) -> dict[str, str]:
-        """The planned cgroup files and their contents in ``version`` (files the kernel may lack included)."""
+    def files(self, version: CgroupVersion, conversion: WeightConversion = WeightConversion.LINEAR) -> dict[str, str]:
+        """The planned cgroup files and their contents in ``version`` (files the kernel may lack
+        included); on v2 the shares as the weight the node's runtime would make of them (``conversion``)."""
         out: dict[str, str] = {}
         if self.cfs_quota is not None:
             if version is CgroupVersion.V1:
@@ -262,7 +272,7 @@ class CpuPodPlan:
             if version is CgroupVersion.V1:
                 out["cpu.shares"] = str(self.cpu_shares)
             else:
-                out["cpu.weight"] = str(shares_to_weight(self.cpu_shares))
+                out["cpu.weight"] = str(shares_to_weight(self.cpu_shares, conversion))
         if self.cpu_idle is not None:
             out["cpu.idle"] = "1" if self.cpu_idle else "0"
         if self.group_identity is not None:
@@ -596,7 +606,7 @@ def apply_pod_plan(
     shares_text = fs.read_if_exists("cpu", shares_file, parent) if plan.cpu_shares is not None else None
     if plan.cpu_shares is not None and shares_text is not None:
         # Compared as the file holds it: on v2 a weight, which maps back to other shares.
-        wanted = int(plan.files(fs.version)[shares_file])
+        wanted = int(plan.files(fs.version, fs.weight_conversion)[shares_file])
         if _to_int(shares_text) != wanted and _write("shares", log, fs.set_cpu_shares, parent, plan.cpu_shares):
             written.append("shares")
 

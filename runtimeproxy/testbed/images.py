@@ -67,7 +67,8 @@ def busybox_applets(busybox: Path = BUSYBOX) -> list[str]:
     return sorted({name for name in out.stdout.split() if name and name != "busybox"})
 
 
-def _tarinfo(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
+def tarinfo(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
+    """A tar entry owned by root with the fixed mtime (stable layer digests)."""
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.size, info.mtime = kind, mode, size, _MTIME
     info.uid = info.gid = 0
@@ -76,7 +77,7 @@ def _tarinfo(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInf
 
 
 def _add_file(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
-    tar.addfile(_tarinfo(name, tarfile.REGTYPE, mode, len(data)), io.BytesIO(data))
+    tar.addfile(tarinfo(name, tarfile.REGTYPE, mode, len(data)), io.BytesIO(data))
 
 
 def build_layer(busybox: Path = BUSYBOX) -> bytes:
@@ -84,10 +85,10 @@ def build_layer(busybox: Path = BUSYBOX) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, mode in sorted(_DIRS.items()):
-            tar.addfile(_tarinfo(name, tarfile.DIRTYPE, mode))
+            tar.addfile(tarinfo(name, tarfile.DIRTYPE, mode))
         _add_file(tar, "bin/busybox", busybox.read_bytes(), 0o755)
         for applet in busybox_applets(busybox):
-            link = _tarinfo(f"bin/{applet}", tarfile.SYMTYPE, 0o777)
+            link = tarinfo(f"bin/{applet}", tarfile.SYMTYPE, 0o777)
             link.linkname = "busybox"
             tar.addfile(link)
         _add_file(tar, "etc/passwd", _PASSWD.encode())
@@ -145,8 +146,13 @@ def build_image_tar(specs: ImageSpec | list[ImageSpec], dest: Path,
     """Write one or more images, sharing one busybox layer, as an OCI image layout
     packed in the tar file `dest`: one `ctr images import` brings them all in."""
     layer = build_layer() if layer is None else layer
+    return write_image_tar([specs] if isinstance(specs, ImageSpec) else specs, layer, dest)
+
+
+def write_image_tar(specs: list[ImageSpec], layer: bytes, dest: Path) -> Path:
+    """Images sharing the one `layer`, as an OCI image layout packed in the tar file `dest`."""
     entries, blobs = [], {}
-    for spec in [specs] if isinstance(specs, ImageSpec) else specs:
+    for spec in specs:
         entry, image = image_blobs(spec, layer)
         entries.append(entry)
         blobs.update(image)

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from runtimeproxy.testbed.node_daemonset import daemonset_step
 from runtimeproxy.testbed.nodeproto import DONE, encode
 
 __all__ = ["CGROUP_FILES", "Scenario", "main"]
@@ -263,14 +264,16 @@ def boot_facts(s: Scenario) -> dict[str, Any]:
             "cgroup_fs": s.run("stat", "-f", "-c", "%T", str(CGROUP))["out"].strip(),
             "systemd": s.run("systemctl", "--version")["out"].splitlines()[0],
             "kernel": os.uname().release, "python": sys.version.split()[0],
-            "containerd": s.show("containerd.service")}
+            "containerd": s.show("containerd.service"), "runc": s.run("runc", "--version")}
 
 
 # A kubelet stand-in: a unit as kubeadm's (ExecStart=/usr/bin/kubelet ...) whose binary records
 # the command line it was started with and sleeps.
 KUBELET_ARGS = Path("/run/kubelet-args")
+KUBELET_PID = Path("/run/kubelet-pid")
 KUBELET_STUB = f"""#!/bin/sh
 echo "$@" > {KUBELET_ARGS}
+echo $$ > {KUBELET_PID}
 exec sleep infinity
 """
 KUBELET_UNIT = """[Unit]
@@ -289,7 +292,11 @@ _KUBELET_SHOW = ("ActiveState", "MainPID", "DropInPaths", "ExecStart", "NRestart
 
 
 def kubelet_facts(s: Scenario) -> dict[str, Any]:
-    return {"show": s.show("kubelet.service", _KUBELET_SHOW), "args": _read(KUBELET_ARGS),
+    """The stand-in's unit and the command line its running process was started with (once it
+    has written it: `systemctl start` returns before the started process runs its first line)."""
+    show = s.show("kubelet.service", _KUBELET_SHOW)
+    s.wait_for(lambda: (_read(KUBELET_PID) or "").strip() == show.get("MainPID"), 30, interval=0.2)
+    return {"show": show, "args": _read(KUBELET_ARGS),
             "drop_in": _read(Path("/etc/systemd/system/kubelet.service.d/10-runtime-proxy.conf"))}
 
 
@@ -579,6 +586,7 @@ AFTER_PODS: tuple[Step, ...] = (
     ("kill-9", kill_9),
     ("watchdog", watchdog),
     ("reinstall", reinstall),
+    ("daemonset", daemonset_step),
     ("journal", journals),
     ("uninstall", uninstall),
 )

@@ -10,10 +10,16 @@ system's apt state stays as it was), and unpacked with ``dpkg-deb -x`` into
 ``<cache>/containerd-<version>/``. The cache is ``$RUNTIMEPROXY_RUNTIME_CACHE``, else
 /var/cache/runtimeproxy-testbed.
 
+"2.x" follows a moving suite: `ensure` asks sid for its current release each time and
+fetches a newer one beside the cached ones; when the mirror cannot be reached it goes on
+with the newest cached build (and says so). The real-node tier's 2.x flavour also needs
+sid's runc (1.3, which needs a newer glibc than bookworm's: it runs in the node's trixie
+root, not on this host): fetched the same way into ``<cache>/runc-<version>/``.
+
 Standard library only, and runnable as a plain script, so that .ci/system-deps.sh can
 fill the cache before the package is installed::
 
-    python3 runtimeproxy/testbed/runtimes.py ensure     # every series: present or fetched
+    python3 runtimeproxy/testbed/runtimes.py ensure     # every series and runc: present or fetched
     python3 runtimeproxy/testbed/runtimes.py list       # what is there
 """
 
@@ -29,9 +35,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 CACHE_ENV = "RUNTIMEPROXY_RUNTIME_CACHE"
 DEFAULT_CACHE = Path("/var/cache/runtimeproxy-testbed")
@@ -39,12 +46,16 @@ APT_ETC = Path("/etc/apt")
 OS_RELEASE = Path("/etc/os-release")
 # The binaries a test bed needs from one build: the daemon, its runc shim, and ctr for
 # image import. runc itself comes from the system (bookworm's runs 1.7 and 2.x fine; sid's
-# runc needs a newer glibc than bookworm has).
+# runc needs a newer glibc than bookworm has, so only the node tier's guest runs it).
 BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 # Each series the suites cover, and the Debian suite that ships it. "2.x" follows a whole
 # major line: whatever 2.x release sid has is that series (the cache directory is named
 # after the exact version, so a new release is fetched beside the old one).
 SERIES_SUITES = {"1.6": "bookworm", "1.7": "trixie", "2.x": "sid"}
+# The runc that goes with the 2.x series on a node (the real-node tier's 2.x flavour), and
+# where its package puts the binary.
+RUNC_SUITE = SERIES_SUITES["2.x"]
+RUNC_BINARY = Path("usr/sbin/runc")
 _VERSION = re.compile(r"v?(?:\d+:)?(\d+)\.(\d+)\.(\d+)")
 
 
@@ -131,6 +142,22 @@ class ContainerdBuild:
         return [name for name in BINARIES if shutil.which(self.binary(name), path=env["PATH"]) is None]
 
 
+@dataclass(frozen=True)
+class RuncBuild:
+    """sid's runc, unpacked: ``root`` is the package's tree (``root``/usr/sbin/runc)."""
+
+    version: str
+    root: Path
+
+    @property
+    def binary(self) -> Path:
+        return self.root / RUNC_BINARY
+
+    @property
+    def label(self) -> str:
+        return f"runc {self.version} ({self.root})"
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
 
@@ -157,6 +184,28 @@ def cached_builds(cache: Path | None = None) -> list[ContainerdBuild]:
             if not build.missing():
                 builds.append(build)
     return sorted(builds, key=_version_key)
+
+
+def cached_runcs(cache: Path | None = None) -> list[RuncBuild]:
+    """runc builds in the cache (the binary present), oldest first."""
+    cache = cache_dir() if cache is None else cache
+    found = []
+    for entry in sorted(cache.glob("runc-*")) if cache.is_dir() else []:
+        with contextlib.suppress(ValueError):
+            build = RuncBuild(upstream_version(entry.name.removeprefix("runc-")), entry)
+            if build.binary.is_file():
+                found.append(build)
+    return sorted(found, key=lambda build: tuple(int(part) for part in build.version.split(".")))
+
+
+def locate_runc(cache: Path | None = None) -> RuncBuild:
+    """The newest cached runc; RuntimeFetchError naming how to get one otherwise."""
+    found = cached_runcs(cache)
+    if found:
+        return found[-1]
+    where = cache_dir() if cache is None else cache
+    raise RuntimeFetchError(f"{where} holds no runc-* (run `bash .ci/system-deps.sh` as root, or "
+                            f"`python3 runtimeproxy/testbed/runtimes.py ensure runc`)")
 
 
 def locate(series: str, cache: Path | None = None) -> ContainerdBuild:
@@ -296,6 +345,7 @@ class PrivateApt:
 
     def __init__(self, root: Path, source: AptSource, suite: str) -> None:
         self.root = root
+        self.source = source
         self.suite = suite
         (root / "lists" / "partial").mkdir(parents=True, exist_ok=True)
         (root / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
@@ -309,14 +359,21 @@ class PrivateApt:
             "Dir::Etc::SourceList": self.root / "sources.list",
             "Dir::Etc::SourceParts": self.root / "sources.list.d",
             "Dir::Cache": self.root / "cache",
+            # A mirror out of reach fails within a minute or so (ensure then goes on offline)
+            # instead of apt's retries with back-off.
+            "Acquire::Retries": 1,
+            "Acquire::http::Timeout": 30,
         }
         return [arg for key, value in settings.items() for arg in ("-o", f"{key}={value}")]
 
     def run(self, tool: str, *args: str, cwd: Path | None = None) -> str:
         cmd = [tool, "-q", *self.options(), *args]
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
-                              cwd=cwd, env=env)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
+                                  cwd=cwd, env=env)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeFetchError(f"{' '.join([tool, *args])}: no answer within {exc.timeout:.0f}s") from exc
         if done.returncode != 0:
             raise RuntimeFetchError(f"{' '.join([tool, *args])} failed ({done.returncode}):\n"
                                     f"{(done.stdout + done.stderr).strip()}")
@@ -339,41 +396,76 @@ def _give_to_apt(work: Path, download: Path) -> None:
         work.chmod(0o711)
 
 
+@contextlib.contextmanager
+def _suite_apt(cache: Path, suite: str, etc: Path, os_release: Path) -> Iterator[tuple[Path, PrivateApt]]:
+    """A work directory in `cache` (removed afterwards) and a PrivateApt in it for `suite` on
+    the system's Debian mirror, its lists updated."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=cache) as tmp:
+        work = Path(tmp)
+        apt = PrivateApt(work / "apt", debian_mirror(system_sources(etc), codename(os_release)), suite)
+        apt.run("apt-get", "update", "--error-on=any")  # an index not fetched is an error, not a warning
+        yield work, apt
+
+
+def _unpack(apt: PrivateApt, work: Path, package: str, debian_version: str) -> Path:
+    """Download one package version and unpack it (``dpkg-deb -x``) into `work`/tree, with a
+    source.json saying where it came from."""
+    download = work / "download"
+    download.mkdir()
+    _give_to_apt(work, download)
+    apt.run("apt-get", "download", f"{package}={debian_version}", cwd=download)
+    debs = sorted(download.glob(f"{package}_*.deb"))
+    if len(debs) != 1:
+        raise RuntimeFetchError(f"apt-get download left {[d.name for d in debs]} in {download}")
+    tree = work / "tree"
+    unpack = subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(tree)], capture_output=True,
+                            text=True, check=False)
+    if unpack.returncode != 0:
+        raise RuntimeFetchError(f"dpkg-deb -x {debs[0].name} failed: {unpack.stderr.strip()}")
+    (tree / "source.json").write_text(json.dumps({
+        "package": package, "version": debian_version, "suite": apt.suite,
+        "mirror": apt.source.uri, "deb": debs[0].name}, indent=2) + "\n")
+    return tree
+
+
+def _publish(tree: Path, dest: Path) -> None:
+    shutil.rmtree(dest, ignore_errors=True)  # an incomplete earlier attempt
+    tree.rename(dest)  # same file system: the finished tree appears at once
+
+
 def fetch(suite: str, cache: Path | None = None, *, etc: Path = APT_ETC,
           os_release: Path = OS_RELEASE) -> ContainerdBuild:
     """Download `suite`'s containerd package from the system's Debian mirror and unpack
     it into ``<cache>/containerd-<version>/`` (kept if already complete)."""
     cache = cache_dir() if cache is None else cache
-    cache.mkdir(parents=True, exist_ok=True)
-    mirror = debian_mirror(system_sources(etc), codename(os_release))
-    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=cache) as tmp:
-        work = Path(tmp)
-        apt = PrivateApt(work / "apt", mirror, suite)
-        apt.run("apt-get", "update")
+    with _suite_apt(cache, suite, etc, os_release) as (work, apt):
         debian_version = apt.candidate("containerd")
         version = upstream_version(debian_version)
         dest = cache / f"containerd-{version}"
         build = ContainerdBuild(version, dest / "usr" / "bin")
         if dest.is_dir() and not build.missing():
             return build
-        download = work / "download"
-        download.mkdir()
-        _give_to_apt(work, download)
-        apt.run("apt-get", "download", f"containerd={debian_version}", cwd=download)
-        debs = sorted(download.glob("containerd_*.deb"))
-        if len(debs) != 1:
-            raise RuntimeFetchError(f"apt-get download left {[d.name for d in debs]} in {download}")
-        tree = work / "tree"
-        unpack = subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(tree)], capture_output=True,
-                                text=True, check=False)
-        if unpack.returncode != 0:
-            raise RuntimeFetchError(f"dpkg-deb -x {debs[0].name} failed: {unpack.stderr.strip()}")
+        tree = _unpack(apt, work, "containerd", debian_version)
         _check_tree(tree, version)
-        (tree / "source.json").write_text(json.dumps({
-            "package": "containerd", "version": debian_version, "suite": suite,
-            "mirror": mirror.uri, "deb": debs[0].name}, indent=2) + "\n")
-        shutil.rmtree(dest, ignore_errors=True)  # an incomplete earlier attempt
-        tree.rename(dest)  # same file system: the finished tree appears at once
+        _publish(tree, dest)
+    return build
+
+
+def fetch_runc(suite: str = RUNC_SUITE, cache: Path | None = None, *, etc: Path = APT_ETC,
+               os_release: Path = OS_RELEASE) -> RuncBuild:
+    """`suite`'s runc package, unpacked into ``<cache>/runc-<version>/`` (kept if already
+    there). Its version is not run: sid's runc may need a newer glibc than this host has."""
+    cache = cache_dir() if cache is None else cache
+    with _suite_apt(cache, suite, etc, os_release) as (work, apt):
+        debian_version = apt.candidate("runc")
+        build = RuncBuild(upstream_version(debian_version), cache / f"runc-{upstream_version(debian_version)}")
+        if build.binary.is_file():
+            return build
+        tree = _unpack(apt, work, "runc", debian_version)
+        if not (tree / RUNC_BINARY).is_file():
+            raise RuntimeFetchError(f"the runc package {debian_version} has no /{RUNC_BINARY}")
+        _publish(tree, build.root)
     return build
 
 
@@ -387,21 +479,60 @@ def _check_tree(tree: Path, version: str) -> None:
         raise RuntimeFetchError(f"the unpacked containerd reports {reported}, the package {version}")
 
 
-def ensure(series: str, cache: Path | None = None) -> ContainerdBuild:
-    """The build for `series`, fetched from its Debian suite if neither the system nor
-    the cache has it."""
+_Build = TypeVar("_Build", ContainerdBuild, RuncBuild)
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _newest_or_cached(what: str, fetch_newest: Callable[[], _Build], cached: Callable[[], _Build],
+                      log: Callable[[str], None]) -> _Build:
+    """What `fetch_newest` gets (the suite's current release, downloaded only if not cached);
+    the cached one, with a log line, when the suite cannot be asked."""
+    try:
+        return fetch_newest()
+    except RuntimeFetchError as exc:
+        try:
+            build = cached()
+        except RuntimeFetchError:
+            raise exc from None
+        lines = str(exc).strip().splitlines()
+        reason = next((line for line in lines if "Failed to fetch" in line or line.startswith("E:")), lines[0])
+        log(f"runtimes: {what}: could not ask Debian for its current release ({reason}); "
+            f"using the cached {build.label}")
+        return build
+
+
+def ensure(series: str, cache: Path | None = None, *, log: Callable[[str], None] = _log) -> ContainerdBuild:
+    """The build for `series`. A fixed series (1.6, 1.7) is fetched from its Debian suite only
+    if neither the system nor the cache has it; a whole major line ("2.x", a moving suite) is
+    the suite's current release, unless the system's containerd is of that line."""
     if series not in SERIES_SUITES:
         raise RuntimeFetchError(f"unknown containerd series {series!r} (known: {', '.join(SERIES_SUITES)})")
-    with contextlib.suppress(RuntimeFetchError):
-        return locate(series, cache)
-    build = fetch(SERIES_SUITES[series], cache)
+    system = system_build()
+    if system is not None and system.series == series:
+        return system
+    if not series.endswith(".x"):
+        with contextlib.suppress(RuntimeFetchError):
+            return locate(series, cache)
+    build = _newest_or_cached(f"containerd {series}", lambda: fetch(SERIES_SUITES[series], cache),
+                              lambda: locate(series, cache), log)
     if build.series != series:
         raise RuntimeFetchError(f"Debian {SERIES_SUITES[series]} now ships containerd {build.version}, "
                                 f"not {series}: update SERIES_SUITES")
     return build
 
 
+def ensure_runc(cache: Path | None = None, *, log: Callable[[str], None] = _log) -> RuncBuild:
+    """sid's current runc (fetched beside older ones), or the newest cached one when sid
+    cannot be asked."""
+    return _newest_or_cached("runc", lambda: fetch_runc(RUNC_SUITE, cache), lambda: locate_runc(cache), log)
+
+
 # -- command line -----------------------------------------------------------------------
+
+RUNC = "runc"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -410,18 +541,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=None,
                         help=f"cache directory (default ${CACHE_ENV} or {DEFAULT_CACHE})")
     commands = parser.add_subparsers(dest="command", required=True)
-    ensure_cmd = commands.add_parser("ensure", help="make every series (or those named) available")
-    ensure_cmd.add_argument("series", nargs="*", default=list(SERIES_SUITES))
+    ensure_cmd = commands.add_parser("ensure", help="make every series and runc (or those named) available")
+    ensure_cmd.add_argument("series", nargs="*", default=[*SERIES_SUITES, RUNC],
+                            help=f"series ({', '.join(SERIES_SUITES)}) or {RUNC} (sid's, for the node tier)")
     commands.add_parser("list", help="the system's and the cached builds")
     args = parser.parse_args(argv)
     try:
         if args.command == "ensure":
             for series in args.series:
-                print(f"runtimes: {series}: {ensure(series, args.cache).label}")
+                found = ensure_runc(args.cache) if series == RUNC else ensure(series, args.cache)
+                print(f"runtimes: {series}: {found.label}")
         else:
             system = system_build()
-            for build in [*([system] if system else []), *cached_builds(args.cache)]:
-                print(build.label)
+            labels = [build.label for build in [*([system] if system else []), *cached_builds(args.cache)]]
+            for label in [*labels, *(runc.label for runc in cached_runcs(args.cache))]:
+                print(label)
     except RuntimeFetchError as exc:
         print(f"runtimes: {exc}", file=sys.stderr)
         return 1

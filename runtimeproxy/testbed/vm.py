@@ -28,13 +28,18 @@ from pathlib import Path
 
 from .nodeproto import Facts, parse
 
-__all__ = ["QEMU", "BootResult", "VMError", "boot", "qemu_command"]
+__all__ = ["MEMORY_MB", "QEMU", "BootResult", "VMError", "boot", "qemu_command"]
 
 QEMU = "qemu-system-x86_64"
 # The kernel command line: console on ttyS0, systemd straight from the initramfs, no
 # reboot loops on a panic, quiet enough that the console log stays readable.
 _APPEND = ("console=ttyS0 rdinit=/sbin/init panic=-1 loglevel=4 systemd.show_status=auto "
            "systemd.unified_cgroup_hierarchy=1")
+
+
+# The guest's RAM holds its whole root (the unpacked archives, over 500 MB), the images it
+# imports (twice: the tar and the native snapshots) and its pods.
+MEMORY_MB = 3072
 
 
 class VMError(RuntimeError):
@@ -90,7 +95,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def boot(kernel: Path, initrds: Sequence[Path], workdir: Path, *, timeout: float, memory_mb: int = 2048,
+def boot(kernel: Path, initrds: Sequence[Path], workdir: Path, *, timeout: float, memory_mb: int = MEMORY_MB,
          cpus: int = 2, append: str = "", progress: Callable[[str], None] | None = None) -> BootResult:
     """Boot, wait for the guest to power off (at most `timeout` s), return its facts."""
     if shutil.which(QEMU) is None:

@@ -176,6 +176,7 @@ REFUSALS = [
     ({"hooks": {"maxUnavailable": "0%"}}, "/hooks/maxUnavailable"),
     ({"hooks": {"metricsPort": 80}}, "/hooks/metricsPort"),
     ({"hooks": {"cgroupDriver": "systemd-cgroup"}}, "/hooks/cgroupDriver"),
+    ({"hooks": {"cpuWeightConversion": "quadratic"}}, "/hooks/cpuWeightConversion"),
     ({"hooks": {"extraCapabilities": ["CAP_SYS_ADMIN"]}}, "/hooks/extraCapabilities/0"),
     ({"hooks": {"nri": {"pluginIndex": 100}}}, "/hooks/nri/pluginIndex"),
     ({"hooks": {"privileged": True}}, "/hooks"),
@@ -300,9 +301,20 @@ def test_cgroup_and_resctrl_are_mounted_where_the_daemon_is_told(rendered: dict[
     resctrl = mounts(full)[env(full)["RUNTIME_HOOKS_RESCTRL_ROOT"]]
     assert resctrl["volume"]["hostPath"]["path"] == "/sys/fs/resctrl"
     assert mounts(full)["/run/dbus"]["readOnly"] is True  # systemd driver: unit properties over D-Bus
+    assert "DBUS_SYSTEM_BUS_ADDRESS" not in env(plain)
+    # The bus at the mount, not at the image's /var/run (dbus-fast's default path).
+    assert env(full)["DBUS_SYSTEM_BUS_ADDRESS"] == "unix:path=/run/dbus/system_bus_socket"
     variables = env(full)
     assert variables["RUNTIME_HOOKS_CGROUP_PARENT_ROOT"] == "/kubelet/kubepods kubelet-kubepods.slice"
     assert variables["RUNTIME_HOOKS_ENABLE"] == "cpu memory resctrl"
+
+
+def test_cpu_weight_conversion_reaches_the_daemon() -> None:
+    """runc 1.3.2+ nodes (containerd 2.x) convert shares to weight differently: the value is passed on."""
+    for value in ("linear", "log-quadratic"):
+        docs = render({"hooks": {"cpuWeightConversion": value}})
+        (daemonset,) = hooks_daemonsets(docs).values()
+        assert env(daemonset)["RUNTIME_HOOKS_CPU_WEIGHT_CONVERSION"] == value
 
 
 def test_least_privilege(rendered: dict[str, list[Doc]]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import structlog
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,6 +22,8 @@ from runtimeproxy.hooks.cgroups import (
 from runtimeproxy.hooks.changes import ResourceChanges
 from runtimeproxy.hooks.cli import cli
 from runtimeproxy.hooks.drift import Seen, drifts
+from runtimeproxy.hooks.plugins.cpu import CpuPodPlan, apply_pod_plan
+from runtimeproxy.hooks.qos import QoSClass
 from runtimeproxy.hooks.testkit.fake_cgroups import make_fake_cgroup_v2
 
 LINEAR, LOG_QUADRATIC = WeightConversion.LINEAR, WeightConversion.LOG_QUADRATIC
@@ -93,3 +96,31 @@ def test_serve_takes_the_conversion_and_refuses_others() -> None:
     refused = CliRunner().invoke(cli, ["serve", "--cpu-weight-conversion", "cubic"])
     assert refused.exit_code == 2
     assert "'cubic' is not one of 'linear', 'log-quadratic'" in refused.output
+
+
+@pytest.mark.parametrize("conversion", list(WeightConversion))
+def test_a_be_pods_weight_set_under_the_nodes_conversion_is_not_rewritten(
+    tmp_path: Path, conversion: WeightConversion
+) -> None:
+    """The cpu plugin's pod-level reconcile compares the weight the file holds with the batch
+    shares converted as the node's runtime would: once set, it is left alone."""
+    tree = make_fake_cgroup_v2(tmp_path / "cg")
+    parent = tree.add_pod(UID)
+    fs = CgroupFS(tree.root, tree.driver, weight_conversion=conversion)
+    plan = CpuPodPlan(cgroup_parent=parent, qos=QoSClass.BE, cpu_shares=512)
+    log = structlog.get_logger("test")
+    assert apply_pod_plan(fs, plan, log) == ["shares"]
+    assert fs.read("cpu", "cpu.weight", parent) == str(shares_to_weight(512, conversion))
+    assert apply_pod_plan(fs, plan, log) == []
+
+
+def test_plugin_authors_convert_as_the_node_does_through_the_sdk(tmp_path: Path) -> None:
+    """A plugin that works out a weight itself (to compare, or to report) takes the node's
+    conversion from its cgroups handle: the SDK exports the type and the functions."""
+    from runtimeproxy.hooks import sdk
+
+    tree = make_fake_cgroup_v2(tmp_path / "cg")
+    fs = sdk.CgroupFS(tree.root, tree.driver, weight_conversion=sdk.WeightConversion("log-quadratic"))
+    assert sdk.WeightConversion is WeightConversion and fs.weight_conversion is LOG_QUADRATIC
+    assert sdk.shares_to_weight(1024, fs.weight_conversion) == 100
+    assert sdk.weight_to_shares(100, fs.weight_conversion) == weight_to_shares(100, LOG_QUADRATIC)

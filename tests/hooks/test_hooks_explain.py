@@ -15,7 +15,7 @@ import pytest
 import structlog
 from click.testing import CliRunner
 from runtimeproxy.hooks import cli as cli_module
-from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion
+from runtimeproxy.hooks.cgroups import CgroupFS, CgroupVersion, WeightConversion, shares_to_weight
 from runtimeproxy.hooks.cli import cli
 from runtimeproxy.hooks.discovery import DiscoveryResult
 from runtimeproxy.hooks.explain import (
@@ -532,3 +532,57 @@ async def test_env_values_show_as_strings(node: tuple[FakeCgroup, FakeResctrl]) 
     assert "env: QOS_CLASS=BE" in text
     assert "b'" not in text and 'b"' not in text
     assert json.loads(json.dumps(e.to_dict()))["plugins"][0]["steps"][1]["response"]["env"] == {"QOS_CLASS": "BE"}
+
+
+# --- CPU weights under the node runtime's conversion -------------------------------------------------------
+
+
+def weight_plugin(seen: list[str]) -> Plugin:
+    """Reads the weight runc gave the container (kubelet's shares), then sets 512 shares."""
+    plugin = Plugin("weight-test", order=10)
+
+    @plugin.on(HookPoint.POST_START_CONTAINER)
+    def post_start(*, pod: PodInfo, container: ContainerInfo, cgroups: CgroupFS, **kwargs: Any) -> None:
+        seen.append(cgroups.read("cpu", "cpu.weight", pod.cgroup_parent, container.id))
+        cgroups.set_cpu_shares(pod.cgroup_parent, 512, container_id=container.id)
+
+    return plugin
+
+
+# ls-pod.yaml requests 250m: kubelet's 256 shares.
+@pytest.mark.parametrize(
+    ("conversion", "runc_weight", "written"),
+    [(WeightConversion.LINEAR, "10", "20"), (WeightConversion.LOG_QUADRATIC, "35", "59")],
+)
+async def test_weights_follow_the_runtimes_conversion(
+    node: tuple[FakeCgroup, FakeResctrl], conversion: WeightConversion, runc_weight: str, written: str
+) -> None:
+    assert shares_to_weight(256, conversion) == int(runc_weight)  # the seed is runc's weight
+    seen: list[str] = []
+    e = await explain("ls-pod.yaml", node, plugins=[weight_plugin(seen)], weight_conversion=conversion)
+    assert seen == [runc_weight]
+    [write] = steps(e, "weight-test")["PostStartContainer app"].writes
+    assert (Path(write.target).name, write.value) == ("cpu.weight", written)
+    assert e.node["cpu_weight_conversion"] == conversion.value
+    assert f"(cgroupfs driver, {conversion.value} shares-to-weight)" in render_text(e)
+
+
+def test_explain_command_takes_the_weight_conversion(
+    monkeypatch: pytest.MonkeyPatch, installed: None, node: tuple[FakeCgroup, FakeResctrl]
+) -> None:
+    monkeypatch.setattr(cli_module, "discover_plugins", lambda: DiscoveryResult((weight_plugin([]),), ()))
+    tree, resctrl = node
+    args = ["explain", str(PODS / "ls-pod.yaml"), "--cgroup-root", str(tree.root), "--resctrl-root", str(resctrl.root),
+            "--output", "json"]
+    values = {}
+    for conversion in ("linear", "log-quadratic"):
+        result = CliRunner().invoke(cli, [*args, "--cpu-weight-conversion", conversion])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.output)
+        values[conversion] = [w["value"] for p in data["plugins"] for s in p["steps"] for w in s["writes"]]
+        assert data["node"]["cpu_weight_conversion"] == conversion
+    assert values == {"linear": ["20"], "log-quadratic": ["59"]}
+    result = CliRunner().invoke(cli, [*args], env={"RUNTIME_HOOKS_CPU_WEIGHT_CONVERSION": "log-quadratic"})
+    assert result.exit_code == 0 and json.loads(result.output)["node"]["cpu_weight_conversion"] == "log-quadratic"
+    result = CliRunner().invoke(cli, [*args, "--cpu-weight-conversion", "cubic"])
+    assert result.exit_code == 2 and "'cubic' is not one of 'linear', 'log-quadratic'" in result.output

@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from runtimeproxy.hooks.cgroups import expand_slice, shares_to_weight
+from runtimeproxy.hooks.cgroups import WeightConversion, expand_slice, shares_to_weight
 
 from runtimeproxy.kubelet_model.cri_resources import milli_cpu_to_quota, milli_cpu_to_shares
 from runtimeproxy.kubelet_model.kube_qos import KubeQoSClass
 from runtimeproxy.kubelet_model.pod_plan import pod_cgroup_parent
+from runtimeproxy.testbed.nodeflavour import TRIXIE_17, NodeFlavour
 from runtimeproxy.testbed.noderun import GUEST_DIR
+
+from .daemonset_plan import daemonset_files, daemonset_plan
 
 RECONCILE_INTERVAL_S = 5
 NETWORK_INTERFACE = "rtpx0"
@@ -100,14 +103,25 @@ def _bytes(quantity: str) -> int:
     return int(quantity[:-2]) * MIB if quantity.endswith("Mi") else int(quantity)
 
 
-def kubelet_slice(pod: Pod) -> dict[str, int | None]:
+def kubelet_shares(pod: Pod) -> int:
+    """The cpu shares kubelet gives the pod and its one container: from the cpu request (the
+    limit when only that is given), BestEffort 2."""
+    return milli_cpu_to_shares(_milli(pod.requests.get("cpu", pod.limits.get("cpu", "0"))))
+
+
+def conversion_of(flavour: NodeFlavour) -> WeightConversion:
+    """The shares->weight conversion of the flavour's runc (kubelet's cgroup manager is runc's
+    library: its slices follow the same one)."""
+    return WeightConversion(flavour.weight_conversion)
+
+
+def kubelet_slice(pod: Pod, conversion: WeightConversion = WeightConversion.LINEAR) -> dict[str, int | None]:
     """The pod slice kubelet makes (pkg/kubelet/cm ResourceConfigForPod with one container):
     cpu.weight from the cpu request (BestEffort: shares 2), a quota only with a cpu limit,
-    MemoryMax only with a memory limit. Weight is runc's linear shares->weight conversion."""
-    shares = milli_cpu_to_shares(_milli(pod.requests.get("cpu", pod.limits.get("cpu", "0"))))
+    MemoryMax only with a memory limit. Weight is the node runc's shares->weight `conversion`."""
     quota = milli_cpu_to_quota(_milli(pod.limits["cpu"])) if "cpu" in pod.limits else None
     return {
-        "cpu_weight": shares_to_weight(shares),
+        "cpu_weight": shares_to_weight(kubelet_shares(pod), conversion),
         "cpu_quota_us": quota,
         # systemd takes the quota per second (runc: quota * 1e6 / period, rounded up to 10 ms).
         "cpu_quota_per_sec_us": None if quota is None else -(-quota * 10 // 10000) * 10000,
@@ -142,17 +156,25 @@ PODS = (
 )
 RESTART_POD = Pod("restart", "00000000-0000-4000-8000-00000000a007", KubeQoSClass.BURSTABLE,
                   requests={"cpu": "100m"}, limits={"cpu": "200m"}, labels={QOS_LABEL: "LS"})
+# Played while only the chart's runtime-hooks pod serves the hooks (daemonset_plan).
+DAEMONSET_BE_POD = Pod("ds-be", "00000000-0000-4000-8000-00000000a008", KubeQoSClass.BEST_EFFORT,
+                       labels={QOS_LABEL: "BE"},
+                       annotations={EXTENDED_SPEC: _extended({"kubernetes.io/batch-cpu": "500"},
+                                                             {"kubernetes.io/batch-cpu": "1000"})},
+                       observe_s=8)
 # A BE sibling deleted (through the proxy) and its slice stopped, as kubelet does,
 # while the other pods' slice files are sampled, and for 5 s after.
 SIBLING_REMOVAL = {"pod": "besteffort", "watch": ["be", "ls"], "observe_s": 5}
 DRIFT = {"pod": "ls", "file": "cpu.max.burst", "value": "0", "timeout_s": 4 * RECONCILE_INTERVAL_S}
 
-# kubelet's QoS-level slices (kubepods.slice's weight stands for the node's allocatable CPU).
-QOS_SLICES = {
-    "kubepods.slice": {"cpu_weight": shares_to_weight(milli_cpu_to_shares(2000))},
-    "kubepods-burstable.slice": {"cpu_weight": 1},
-    "kubepods-besteffort.slice": {"cpu_weight": 1},
-}
+
+def qos_slices(conversion: WeightConversion) -> dict[str, dict[str, int]]:
+    """kubelet's QoS-level slices (kubepods.slice's weight stands for the node's allocatable CPU)."""
+    return {
+        "kubepods.slice": {"cpu_weight": shares_to_weight(milli_cpu_to_shares(2000), conversion)},
+        "kubepods-burstable.slice": {"cpu_weight": 1},
+        "kubepods-besteffort.slice": {"cpu_weight": 1},
+    }
 
 
 def slice_cgroup(name: str) -> str:
@@ -160,13 +182,14 @@ def slice_cgroup(name: str) -> str:
     return "/".join(expand_slice(name))
 
 
-def _pod_plan(pod: Pod) -> dict[str, Any]:
+def _pod_plan(pod: Pod, conversion: WeightConversion = WeightConversion.LINEAR) -> dict[str, Any]:
     return {"name": pod.name, "manifest": pod.manifest_path, "slice": pod.slice, "cgroup": slice_cgroup(pod.slice),
-            "kubelet": kubelet_slice(pod), "observe_s": pod.observe_s}
+            "kubelet": kubelet_slice(pod, conversion), "observe_s": pod.observe_s}
 
 
-def scenario_plan() -> dict[str, Any]:
-    """The plan the guest runs (`runtimeproxy.testbed.node_scenario`)."""
+def scenario_plan(flavour: NodeFlavour = TRIXIE_17) -> dict[str, Any]:
+    """The plan the guest runs (`runtimeproxy.testbed.node_scenario`) on a node of `flavour`."""
+    conversion = conversion_of(flavour)
     return {
         "proxy_socket": PROXY_SOCKET,
         "images_tar": f"{GUEST_DIR}/images.tar",
@@ -174,19 +197,22 @@ def scenario_plan() -> dict[str, Any]:
         "policy": POLICY,
         "hooks_env": {"RUNTIME_HOOKS_CGROUP_DRIVER": "systemd",
                       "RUNTIME_HOOKS_POLICY": "/etc/runtime-hooks/policy.yaml",
-                      "RUNTIME_HOOKS_RUNTIME_ENDPOINT": "unix:///run/containerd/containerd.sock"},
+                      "RUNTIME_HOOKS_RUNTIME_ENDPOINT": "unix:///run/containerd/containerd.sock",
+                      "RUNTIME_HOOKS_CPU_WEIGHT_CONVERSION": conversion.value},
         "proxy_env": {},
-        "qos_slices": {name: {"cgroup": slice_cgroup(name), "kubelet": props} for name, props in QOS_SLICES.items()},
-        "pods": [_pod_plan(pod) for pod in PODS],
-        "restart_pod": _pod_plan(RESTART_POD),
+        "qos_slices": {name: {"cgroup": slice_cgroup(name), "kubelet": props}
+                       for name, props in qos_slices(conversion).items()},
+        "pods": [_pod_plan(pod, conversion) for pod in PODS],
+        "restart_pod": _pod_plan(RESTART_POD, conversion),
         "drift": DRIFT,
         "sibling_removal": SIBLING_REMOVAL,
         "reconcile_interval_s": RECONCILE_INTERVAL_S,
         # WatchdogSec=30s of the shipped unit, then the abort and restart.
         "watchdog_timeout_s": 120,
-    }
+    } | ({"daemonset": daemonset_plan(_pod_plan(DAEMONSET_BE_POD, conversion), slice_cgroup)}
+         if flavour.plays_chart else {})
 
 
 def guest_files() -> dict[str, str]:
     """The pod manifests, by their path in the guest."""
-    return {pod.manifest_path: pod.manifest() for pod in (*PODS, RESTART_POD)}
+    return {pod.manifest_path: pod.manifest() for pod in (*PODS, RESTART_POD, DAEMONSET_BE_POD)} | daemonset_files()

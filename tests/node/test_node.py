@@ -1,9 +1,12 @@
-"""Checks of the real-node scenario: each test asserts one property of what the guest saw.
+"""Checks of the real-node scenario: each test asserts one property of what the guest saw,
+on each node flavour (conftest).
 
 Expected cgroup values are worked out by hand from the pods (plan.py), the guest policy
 and the plugins' documented formulas, not taken from the plugins' own code: a value that
 differs is a finding. Values kubelet owns (the pod's cpu.weight and memory.max, the CFS
-quota of LS pods) must be exactly what kubelet's slice was given.
+quota of LS pods) must be exactly what kubelet's slice was given. Weights differ by flavour:
+runc 1.1 converts CPU shares to cpu.weight linearly, runc 1.3.2+ with a log-quadratic
+formula; the weights runc writes, kubelet's and the plugins' all follow the node's runc.
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from runtimeproxy.hooks.cgroups import WeightConversion, shares_to_weight
 
 from runtimeproxy.testbed.noderun import NodeRun
 
 from .conftest import Evidence, show
-from .plan import DRIFT, MIB, PODS, PROXY_SOCKET, RESTART_POD, Pod, kubelet_slice, slice_cgroup
+from .plan import DRIFT, MIB, PODS, PROXY_SOCKET, RESTART_POD, Pod, kubelet_shares, kubelet_slice, slice_cgroup
 
 pytestmark = pytest.mark.e2e
 
@@ -28,7 +32,8 @@ UNLIMITED = "max 100000"
 # ls          LS, burst 1000 % of the 50000 us quota, capped at the quota; memory.min 50 % of
 #             the 64Mi request, memory.low 100 %, memory.high = request + 80 % of (128Mi - 64Mi).
 # be          BE, batch-cpu limit 1000m: quota 100000 us at pod and container level, the
-#             container's shares from the 500m batch request (512, weight 20); cpu.idle 1.
+#             container's shares from the 500m batch request (512: weight 20 linear, 59
+#             log-quadratic, see plugin_weights); cpu.idle 1.
 # guaranteed  no Koordinator label: Guaranteed is LSR, but not pinned (no cpuset assigned), so
 #             its CFS quota stays kubelet's: lifting it would let it run unbounded on the pool.
 # burstable   LS: no cpu limit, so no burst; memory.high = 80 % of the 64Mi limit (no request
@@ -49,7 +54,7 @@ EXPECTED_CONTAINER: dict[str, dict[str, str]] = {
     "lsr": {"cpu.max": UNLIMITED, "cpuset.cpus": "1", "cpuset.cpus.effective": "1"},
     "ls": {"cpu.max": "50000 100000", "cpu.max.burst": "50000", "memory.min": str(32 * MIB),
            "memory.low": str(64 * MIB), "memory.high": str(_LS_HIGH)},
-    "be": {"cpu.max": "100000 100000", "cpu.weight": "20"},
+    "be": {"cpu.max": "100000 100000"},
     "guaranteed": {"cpu.max": "50000 100000"},
     "burstable": {"cpu.max": UNLIMITED, "memory.high": str(_BURSTABLE_HIGH)},
     "besteffort": {"cpu.max": UNLIMITED},
@@ -64,22 +69,39 @@ INSTALLED = ("/etc/systemd/system/runtime-proxy.service", "/etc/systemd/system/r
              "/etc/systemd/system/kubelet.service.d/10-runtime-proxy.conf", "/var/lib/runtimeproxy/install.json",
              "/run/runtimeproxy", "/run/runtimehooks")
 # The BE pod's weight is the cpu plugin's, as Koordinator's batchresource hook sets it: its
-# batch-cpu requests (500m) as shares (512), weight 20 (its cpu.weight file reads 0 while
-# cpu.idle is 1, so the slice property is where it shows). Every other pod keeps kubelet's.
-OUR_SLICE_WEIGHT = {"be": "20"}
+# batch-cpu requests (500m) as shares, in the pod slice (whose cpu.weight file reads 0 while
+# cpu.idle is 1, so the slice property is where it shows) and the container's scope. Every
+# other pod keeps kubelet's, and every other container runc's.
+OUR_SHARES = {"be": 512}
+
+
+def plugin_weights(conversion: WeightConversion) -> dict[str, str]:
+    """The weights the cpu plugin writes, by pod, under the node runc's conversion."""
+    return {name: str(shares_to_weight(shares, conversion)) for name, shares in OUR_SHARES.items()}
+
+
+def runc_weights(conversion: WeightConversion) -> dict[str, str]:
+    """What runc writes into each container's scope for kubelet's shares (pods whose weight
+    the plugins leave alone)."""
+    return {pod.name: str(shares_to_weight(kubelet_shares(pod), conversion)) for pod in PODS
+            if pod.name not in OUR_SHARES}
+
+
+def _other(conversion: WeightConversion) -> WeightConversion:
+    return next(other for other in WeightConversion if other is not conversion)
 
 
 def _pod(name: str) -> Pod:
     return next(pod for pod in PODS if pod.name == name)
 
 
-def _kubelet_files(pod: Pod) -> dict[str, str]:
+def _kubelet_files(pod: Pod, conversion: WeightConversion) -> dict[str, str]:
     """The pod slice files kubelet set and nobody else may change.
 
     An idle cgroup (cpu.idle 1, the BE pods here) reads cpu.weight 0: the kernel pins an
     idle group's weight (sched_group_set_idle), so there kubelet's weight is only checked as
     the slice's CPUWeight property (test_values_kubelet_owns_*)."""
-    props = kubelet_slice(pod)
+    props = kubelet_slice(pod, conversion)
     owned = {"memory.max": str(props["memory_max"]) if props["memory_max"] is not None else "max"}
     if EXPECTED_POD[pod.name].get("cpu.idle") != "1":
         owned["cpu.weight"] = str(props["cpu_weight"])
@@ -103,6 +125,16 @@ def test_the_scenario_ran_to_its_end(node: NodeRun) -> None:
     errors = {name: data for name, data in result.facts.data.items() if name.endswith("/error")}
     assert not errors, f"steps failed in the guest:\n{show(errors, 12000)}"
     assert not result.facts.errors, result.facts.errors
+
+
+def test_the_node_runs_its_flavours_runtimes(node: NodeRun, fact: Evidence) -> None:
+    # The flavour's containerd answers kubelet's calls (through the proxy) and its runc is the
+    # node's; the image's own when the flavour lays none over it.
+    want = node.runtimes or {"containerd": "1.7.", "runc": "1.1."}
+    answered = fact("start")["runtime-proxy"]["first_call"]
+    assert answered["ok"] and want["containerd"] in answered["runtime"], show(answered)
+    runc = fact("boot")["runc"]
+    assert runc["rc"] == 0 and f"runc version {want['runc']}" in runc["out"], show(runc)
 
 
 def test_systemd_is_pid_1_with_cgroup_v2_unified(fact: Evidence) -> None:
@@ -211,13 +243,37 @@ def test_container_scope_has_the_plugins_values(fact: Evidence, name: str) -> No
 
 
 @pytest.mark.parametrize("name", POD_NAMES)
-def test_values_kubelet_owns_are_left_alone(fact: Evidence, name: str) -> None:
+def test_values_kubelet_owns_are_left_alone(fact: Evidence, conversion: WeightConversion, name: str) -> None:
     files = fact("settle")["after_interval"][name]["pod"]
     slice_show = fact(f"pod/{name}")["slice_show"]
-    wrong = _mismatches(_kubelet_files(_pod(name)), files)
+    wrong = _mismatches(_kubelet_files(_pod(name), conversion), files)
     assert not wrong, f"(kubelet's, found): {show(wrong)}\nslice: {show(slice_show)}"
-    want = OUR_SLICE_WEIGHT.get(name, str(kubelet_slice(_pod(name))["cpu_weight"]))
+    want = plugin_weights(conversion).get(name, str(kubelet_slice(_pod(name), conversion)["cpu_weight"]))
     assert slice_show["CPUWeight"] == want, show(slice_show)
+
+
+def _container_weights(fact: Evidence) -> dict[str, str | None]:
+    return {name: fact("settle")["after_interval"][name]["containers"]["main"].get("cpu.weight")
+            for name in POD_NAMES}
+
+
+def test_runc_writes_the_weight_of_its_own_conversion(fact: Evidence, conversion: WeightConversion) -> None:
+    # The reference the plugins must rank with: what the node's runc made of kubelet's shares.
+    found = _container_weights(fact)
+    wrong = _mismatches(runc_weights(conversion), found)
+    assert not wrong, f"(runc's {conversion}, found): {show(wrong)}"
+    # The pods' shares tell the conversions apart: the other runc's would not match.
+    assert _mismatches(runc_weights(_other(conversion)), found), show(found)
+
+
+def test_plugin_weights_follow_the_runtimes_conversion(fact: Evidence, conversion: WeightConversion) -> None:
+    # runtime-hooks runs with the node runc's --cpu-weight-conversion: the BE container's weight
+    # (cgroupfs) and its slice's (systemd's CPUWeight) are its batch shares converted as runc would.
+    found = {name: _container_weights(fact)[name] for name in OUR_SHARES}
+    slices = {name: fact(f"pod/{name}")["slice_show"]["CPUWeight"] for name in OUR_SHARES}
+    want = plugin_weights(conversion)
+    assert found == want and slices == want, show({"want": want, "containers": found, "slices": slices})
+    assert plugin_weights(_other(conversion)) != want
 
 
 def test_reconciler_repairs_a_value_changed_behind_its_back(fact: Evidence) -> None:

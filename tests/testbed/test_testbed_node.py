@@ -4,6 +4,8 @@ results protocol, run-layer paths and qemu's command line. (The VM itself: tests
 from __future__ import annotations
 
 import json
+import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runtimeproxy.testbed import vm
+from runtimeproxy.testbed.nodeflavour import FLAVOURS, SID_2X, TRIXIE_17, runtime_layer
 from runtimeproxy.testbed.nodelayer import RunLayer
 from runtimeproxy.testbed.nodeproto import DONE, PREFIX, encode, parse
 from runtimeproxy.testbed.noderoot import NodeImage, NodeImageError, debian_mirror, image_key
+from runtimeproxy.testbed.noderun import containerd_config
+from runtimeproxy.testbed.runtimes import CACHE_ENV, RuntimeFetchError, locate
 
 DEB822 = """\
 Types: deb
@@ -131,3 +136,83 @@ def test_boot_without_qemu_says_what_to_install(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(vm.shutil, "which", lambda _name: None)
     with pytest.raises(vm.VMError, match=r"node-deps\.sh"):
         vm.boot(tmp_path / "k", [], tmp_path, timeout=1)
+
+
+# -- node flavours ----------------------------------------------------------------------------
+
+
+def test_guest_containerd_configs_per_major() -> None:
+    v2 = tomllib.loads(containerd_config("localhost/pause:1"))
+    cri = v2["plugins"]["io.containerd.grpc.v1.cri"]
+    assert v2["version"] == 2 and cri["sandbox_image"] == "localhost/pause:1"
+    assert cri["containerd"]["snapshotter"] == "native"
+    assert cri["containerd"]["runtimes"]["runc"]["options"] == {"SystemdCgroup": True, "NoPivotRoot": True}
+    v3 = tomllib.loads(containerd_config("localhost/pause:1", major=2))
+    images, runtime = v3["plugins"]["io.containerd.cri.v1.images"], v3["plugins"]["io.containerd.cri.v1.runtime"]
+    assert v3["version"] == 3 and images["snapshotter"] == "native"
+    assert images["pinned_images"] == {"sandbox": "localhost/pause:1"}
+    assert runtime["containerd"]["default_runtime_name"] == "runc"
+    assert runtime["containerd"]["runtimes"]["runc"]["options"] == {"SystemdCgroup": True, "NoPivotRoot": True}
+    assert v3["plugins"]["io.containerd.nri.v1.nri"] == {"disable": True}  # off, as on 1.7
+    unpack = v3["plugins"]["io.containerd.transfer.v1.local"]["unpack_config"]
+    assert unpack == [{"platform": "linux/amd64", "snapshotter": "native"}]  # ctr images import
+
+
+@pytest.mark.parametrize("series", ["1.7", "2.x"])
+def test_containerd_reads_the_guest_config_as_written(tmp_path: Path, series: str) -> None:
+    """The build of each flavour's series (the host suites' 1.7 is trixie's, as in the image;
+    their 2.x is the one the sid-2.x flavour boots) takes every setting: none is dropped as
+    unknown, which containerd does without a word."""
+    build = locate(series)
+    config = tmp_path / "config.toml"
+    config.write_text(containerd_config("localhost/pause:1", major=int(build.version.split(".")[0])))
+    done = subprocess.run([build.binary("containerd"), "--config", str(config), "config", "dump"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    dumped = tomllib.loads(done.stdout)["plugins"]
+    if series == "1.7":
+        cri = dumped["io.containerd.grpc.v1.cri"]
+        sandbox, snapshotter, runtimes = cri["sandbox_image"], cri["containerd"]["snapshotter"], cri["containerd"]
+    else:
+        images = dumped["io.containerd.cri.v1.images"]
+        sandbox, snapshotter = images["pinned_images"]["sandbox"], images["snapshotter"]
+        runtimes = dumped["io.containerd.cri.v1.runtime"]["containerd"]
+        assert dumped["io.containerd.nri.v1.nri"]["disable"] is True
+        [unpack] = dumped["io.containerd.transfer.v1.local"]["unpack_config"]
+        assert (unpack["platform"], unpack["snapshotter"]) == ("linux/amd64", "native")
+    assert (sandbox, snapshotter, runtimes["default_runtime_name"]) == ("localhost/pause:1", "native", "runc")
+    options = runtimes["runtimes"]["runc"]["options"]
+    assert options["SystemdCgroup"] is True and options["NoPivotRoot"] is True
+
+
+def _cpio_names(archive: Path) -> list[str]:
+    listed = subprocess.run(f"zstd -dc {archive} | cpio -t --quiet", shell=True, capture_output=True, text=True,
+                            check=True)
+    return listed.stdout.split()
+
+
+def test_a_flavours_runtimes_are_one_cached_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "runtimes"
+    bin_dir = cache / "containerd-2.9.9" / "usr" / "bin"
+    for name in ("containerd", "containerd-shim-runc-v2", "ctr"):
+        (bin_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (bin_dir / name).write_text("#!/bin/sh\necho 'containerd x 2.9.9 y'\n")
+        (bin_dir / name).chmod(0o755)
+    (cache / "runc-1.3.9" / "usr" / "sbin").mkdir(parents=True)
+    (cache / "runc-1.3.9" / "usr" / "sbin" / "runc").write_text("runc")
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+
+    archive, versions = runtime_layer(SID_2X, tmp_path / "node")
+    assert versions == {"containerd": "2.9.9", "runc": "1.3.9"}
+    assert archive == tmp_path / "node" / "runtimes" / "containerd-2.9.9-runc-1.3.9.cpio.zst"
+    assert {"usr/bin/containerd", "usr/bin/containerd-shim-runc-v2", "usr/bin/ctr", "usr/sbin/runc"} <= set(
+        _cpio_names(archive))
+    built = archive.stat().st_mtime_ns
+    assert runtime_layer(SID_2X, tmp_path / "node") == (archive, versions) and archive.stat().st_mtime_ns == built
+    assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]  # no work files left
+    (cache / "runc-1.3.9").rename(cache / "gone")
+    with pytest.raises(RuntimeFetchError, match="holds no runc"):
+        runtime_layer(SID_2X, tmp_path / "node")
+    with pytest.raises(ValueError, match="the image's own runtimes"):
+        TRIXIE_17.builds()
+    assert [flavour.name for flavour in FLAVOURS] == ["trixie-1.7", "sid-2.x"]
+    assert {flavour.weight_conversion for flavour in FLAVOURS} == {"linear", "log-quadratic"}

@@ -21,6 +21,7 @@ from runtimeproxy.testbed.runtimes import (
     AptSource,
     ContainerdBuild,
     PrivateApt,
+    RuncBuild,
     RuntimeFetchError,
     binary_version,
     cached_builds,
@@ -348,7 +349,7 @@ echo "apt-get $*" >> "$FAKE_APT_LOG"
 for arg in "$@"; do last="$arg"; done
 case " $* " in
   *" update "*) exit 0 ;;
-  *" download "*) cp "$FAKE_DEB" "./containerd_$(echo "$last" | cut -d= -f2)_amd64.deb" ;;
+  *" download "*) cp "$FAKE_DEB" "./$(echo "$last" | cut -d= -f1)_$(echo "$last" | cut -d= -f2)_amd64.deb" ;;
   *) exit 9 ;;
 esac
 """
@@ -404,14 +405,14 @@ def test_fetch_unpacks_the_suite_package_into_the_cache(tmp_path: Path, fake_apt
     }
     assert sorted(p.name for p in cache.iterdir()) == ["containerd-9.9.3"]  # no work files left
     calls = fake_apt.read_text().splitlines()
-    assert [c.split()[-1] for c in calls] == ["update", "containerd/trixie", "containerd=9.9.3~ds1-1"]
+    assert [c.split()[-1] for c in calls] == ["--error-on=any", "containerd/trixie", "containerd=9.9.3~ds1-1"]
     for call in calls:  # every apt call on its own state, never the system's
         for key in ("Dir::State::Lists", "Dir::Etc::SourceList", "Dir::Etc::SourceParts", "Dir::Cache"):
             assert re.search(rf"-o {key}={re.escape(str(cache))}/\.fetch-\w+/apt/", call), (key, call)
     # Fetched once: a second fetch finds it (apt asked for the version, nothing downloaded).
     fake_apt.write_text("")
     assert fetch("trixie", cache, etc=tmp_path / "etc", os_release=tmp_path / "os-release") == build
-    assert [c.split()[-1] for c in fake_apt.read_text().splitlines()] == ["update", "containerd/trixie"]
+    assert [c.split()[-1] for c in fake_apt.read_text().splitlines()] == ["--error-on=any", "containerd/trixie"]
 
 
 def test_fetch_refuses_a_package_whose_binary_reports_another_version(
@@ -426,5 +427,95 @@ def test_fetch_refuses_a_package_whose_binary_reports_another_version(
 
 def test_fetch_reports_apt_failures(tmp_path: Path, fake_apt: Path) -> None:
     executable(tmp_path / "fakebin" / "apt-get", "#!/bin/sh\necho 'E: mirror unreachable' >&2\nexit 100\n")
-    with pytest.raises(RuntimeFetchError, match=r"apt-get update failed \(100\):\nE: mirror unreachable"):
+    with pytest.raises(RuntimeFetchError, match=r"update --error-on=any failed \(100\):\nE: mirror unreachable"):
         fetch("trixie", tmp_path / "cache", etc=tmp_path / "etc", os_release=tmp_path / "os-release")
+
+
+# -- 2.x follows sid; sid's runc --------------------------------------------------------------
+
+
+def build_runc_deb(tmp_path: Path, version: str) -> Path:
+    """A runc .deb: /usr/sbin/runc (never run: sid's needs a newer glibc than the host's)."""
+    tree = tmp_path / f"runc-deb-{version}"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text(
+        f"Package: runc\nVersion: {version}\nArchitecture: amd64\nMaintainer: test <t@example>\nDescription: fake\n"
+    )
+    executable(tree / "usr" / "sbin" / "runc", "#!/bin/sh\nexit 1\n")
+    deb = tmp_path / f"runc-{version}.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+@pytest.fixture
+def sid(tmp_path: Path, fake_apt: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """fake_apt serving sid's containerd 2.1.9, the runtime cache at tmp_path/cache and
+    /etc/apt and os-release of fake_apt as the system's. Returns the cache."""
+    monkeypatch.setenv("FAKE_VERSION", "2.1.9~ds1-1")
+    monkeypatch.setenv("FAKE_DEB", str(build_deb(tmp_path, "2.1.9~ds1-1", "2.1.9~ds1")))
+    monkeypatch.setattr(runtimes, "APT_ETC", tmp_path / "etc")
+    monkeypatch.setattr(runtimes, "OS_RELEASE", tmp_path / "os-release")
+    for name in ("fetch", "fetch_runc"):  # their defaults were bound at definition
+        original = getattr(runtimes, name)
+        monkeypatch.setattr(runtimes, name, lambda *a, _f=original, **k: _f(
+            *a, etc=tmp_path / "etc", os_release=tmp_path / "os-release", **k))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    return cache
+
+
+def test_2x_is_sids_current_release_fetched_beside_the_cached_one(sid: Path, fake_apt: Path) -> None:
+    fake_containerd_tree(sid / "containerd-2.0.1" / "usr" / "bin", "containerd x 2.0.1 y")
+    said: list[str] = []
+    build = runtimes.ensure("2.x", sid, log=said.append)
+    assert build == ContainerdBuild("2.1.9", sid / "containerd-2.1.9" / "usr" / "bin") and said == []
+    assert [b.version for b in cached_builds(sid)] == ["2.0.1", "2.1.9"]  # the old one kept
+    assert [c.split()[-1] for c in fake_apt.read_text().splitlines()] == [
+        "--error-on=any", "containerd/sid", "containerd=2.1.9~ds1-1"]
+
+
+def test_a_fixed_series_in_the_cache_asks_no_mirror(sid: Path, fake_apt: Path) -> None:
+    fake_containerd_tree(sid / "containerd-1.7.24" / "usr" / "bin", "containerd x 1.7.24 y")
+    assert runtimes.ensure("1.7", sid).version == "1.7.24"
+    assert not fake_apt.exists()
+
+
+def test_2x_goes_on_with_the_cached_build_when_sid_cannot_be_asked(sid: Path, tmp_path: Path) -> None:
+    executable(tmp_path / "fakebin" / "apt-get", "#!/bin/sh\necho 'E: mirror unreachable' >&2\nexit 100\n")
+    fake_containerd_tree(sid / "containerd-2.0.1" / "usr" / "bin", "containerd x 2.0.1 y")
+    said: list[str] = []
+    cached = ContainerdBuild("2.0.1", sid / "containerd-2.0.1" / "usr" / "bin")
+    assert runtimes.ensure("2.x", sid, log=said.append) == cached
+    assert said == ["runtimes: containerd 2.x: could not ask Debian for its current release (E: mirror unreachable); "
+                    f"using the cached containerd 2.0.1 ({sid}/containerd-2.0.1/usr/bin)"]
+    (sid / "containerd-2.0.1").rename(sid / "elsewhere")  # nothing cached: the apt error itself
+    with pytest.raises(RuntimeFetchError, match=r"update --error-on=any failed \(100\):\nE: mirror unreachable"):
+        runtimes.ensure("2.x", sid, log=said.append)
+
+
+def test_sids_runc_is_fetched_by_version_and_found_offline(
+    sid: Path, tmp_path: Path, fake_apt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(RuntimeFetchError, match=r"holds no runc-\* .*ensure runc"):
+        runtimes.locate_runc(sid)
+    monkeypatch.setenv("FAKE_VERSION", "1.3.6+ds1-1")
+    monkeypatch.setenv("FAKE_DEB", str(build_runc_deb(tmp_path, "1.3.6+ds1-1")))
+    runc = runtimes.ensure_runc(sid)
+    assert runc == RuncBuild("1.3.6", sid / "runc-1.3.6") and runc.binary.is_file()
+    assert json.loads((sid / "runc-1.3.6" / "source.json").read_text())["version"] == "1.3.6+ds1-1"
+    assert [c.split()[-1] for c in fake_apt.read_text().splitlines()][-2:] == ["runc/sid", "runc=1.3.6+ds1-1"]
+    executable(tmp_path / "fakebin" / "apt-get", "#!/bin/sh\nexit 100\n")
+    said: list[str] = []
+    assert runtimes.ensure_runc(sid, log=said.append) == runc
+    assert len(said) == 1 and said[0].startswith("runtimes: runc: could not ask Debian") and str(sid) in said[0]
+    assert runtimes.main(["--cache", str(sid), "list"]) == 0
+
+
+def test_a_runc_package_without_the_binary_is_refused(
+    sid: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_VERSION", "1.3.6+ds1-1")
+    monkeypatch.setenv("FAKE_DEB", str(build_deb(tmp_path, "1.3.6+ds1-1", "1.3.6")))  # a containerd tree
+    with pytest.raises(RuntimeFetchError, match=r"the runc package 1\.3\.6\+ds1-1 has no /usr/sbin/runc"):
+        runtimes.ensure_runc(sid, log=lambda line: None)
+    assert [p.name for p in sid.iterdir()] == []
