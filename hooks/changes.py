@@ -49,14 +49,9 @@ class ResourceChanges:
 
     def problems(self) -> list[str]:
         """Why the proxy would refuse these changes (types first, then its own checks)."""
-        found = []
-        for name in resource_fields.INTS:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                found.append(f"resources.{name} must be an int, got {type(value).__name__}")
-        for name in resource_fields.STRINGS:
-            if not isinstance(getattr(self, name), str):
-                found.append(f"resources.{name} must be a str, got {type(getattr(self, name)).__name__}")
+        values = resource_fields.SCALAR_VALUES(self)
+        # Exactly int and str, as plugins set them: nothing to say; otherwise field by field.
+        found = [] if tuple(map(type, values)) == _SCALAR_TYPES else self._scalar_type_problems()
         if not isinstance(self.unified, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.unified.items()
         ):
@@ -68,14 +63,46 @@ class ResourceChanges:
             found.append("resources.hugepage_limits must be a list of HugepageLimit(page_size: str, limit: int)")
         if found:
             return found
-        if self.is_empty():  # nothing set, nothing to refuse (most plugins' answers): no message to build
+        if not (any(values) or self.hugepage_limits or self.unified):  # nothing set (most plugins' answers)
             return []
-        try:
-            message = resources_to_proto(self)
-        except (ValueError, TypeError) as exc:  # e.g. an int out of int64 range
-            return [f"resources: {exc}"]
-        return [f"resources: {problem}" for problem in value_bounds.validate_resources(message)]
+        key = (values, tuple(self.hugepage_limits), tuple(self.unified.items()))
+        known = _VALUE_PROBLEMS.get(key)
+        if known is None:
+            known = _VALUE_PROBLEMS[key] = _value_problems(self)
+            if len(_VALUE_PROBLEMS) > _VALUE_PROBLEMS_MAX:
+                del _VALUE_PROBLEMS[next(iter(_VALUE_PROBLEMS))]  # the oldest
+        return list(known)
 
+    def _scalar_type_problems(self) -> list[str]:
+        found = []
+        for name in resource_fields.INTS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                found.append(f"resources.{name} must be an int, got {type(value).__name__}")
+        for name in resource_fields.STRINGS:
+            if not isinstance(getattr(self, name), str):
+                found.append(f"resources.{name} must be a str, got {type(getattr(self, name)).__name__}")
+        return found
+
+
+def _value_problems(changes: ResourceChanges) -> tuple[str, ...]:
+    """The range checks of ``changes``, whose fields are of the right types."""
+    try:
+        message = resources_to_proto(changes)
+    except (ValueError, TypeError) as exc:  # e.g. an int out of int64 range
+        return (f"resources: {exc}",)
+    return tuple(f"resources: {problem}" for problem in value_bounds.validate_resources(message))
+
+
+# The range checks' answers by the values checked: a pure function of them, asked for the same few
+# answers (a plugin answers alike for the pods of a class) at every hook call. Values of the right
+# types only (checked first), so equal keys are equal values of the same types.
+_VALUE_PROBLEMS: dict[tuple[Any, ...], tuple[str, ...]] = {}
+_VALUE_PROBLEMS_MAX = 256
+
+
+# The types of a new ResourceChanges' scalar fields (int and str): ResourceChanges.problems' fast path.
+_SCALAR_TYPES = tuple(map(type, resource_fields.SCALAR_VALUES(ResourceChanges())))
 
 # What a new ResourceChanges holds, attribute by attribute, and the very types of its values:
 # HookResponse.untouched compares with both ("0 of type int": False or 0.0 are problems, not zeros).

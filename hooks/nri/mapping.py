@@ -14,15 +14,15 @@ describes differently is converted here:
   (``linux.resources``: CPU period/quota/shares/cpuset, memory limit and swap, hugepages,
   unified) with ``linux.oom_score_adj``.
 
-Answers (:func:`container_adjustment`, :func:`resources_update`) carry only what NRI 0.6.1
-can apply; everything else a plugin set is listed as not applied (``NotApplied``), never
-dropped silently: the caller logs and counts it. Not expressible in NRI 0.6.1: pod labels,
-annotations, resources and cgroup parent (pod events are notifications), the OOM score at an
-update (at creation it is written to the container's process instead: hooks/nri/oom.py;
-``ContainerAdjustment`` has no such field before NRI 0.7), a swap limit of its own (NRI's
-spec generator sets swap to the memory limit), environment values that are not UTF-8 (NRI
-carries strings), names and annotation keys starting with ``-`` (NRI reads them as
-"remove"), and, at UpdateContainer, environment and annotations.
+Answers (:func:`container_adjustment`, :func:`resources_update`) carry only what the runtime's
+NRI can apply; everything else a plugin set is listed as not applied (``NotApplied``), never
+dropped silently: the caller logs and counts it. Not expressible in NRI up to 0.8 (containerd
+2.1): pod labels, annotations, resources and cgroup parent (pod events are notifications), the
+OOM score at an update, a swap limit of its own (NRI's spec generator sets swap to the memory
+limit), environment values that are not UTF-8 (NRI carries strings), names and annotation keys
+starting with ``-`` (NRI reads them as "remove"), and, at UpdateContainer, environment and
+annotations. The OOM score at creation is in the adjustment from NRI 0.7 on; with NRI 0.6 it is
+written to the container's process instead (hooks/nri/oom.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 
 from ..changes import HookResponse, ResourceChanges
 from ..views import ContainerInfo, HugepageLimit, PodInfo, Resources
+from .oom import adjusted_score
 
 __all__ = [
     "REMOVAL_PREFIX",
@@ -156,7 +157,7 @@ def resources_to_nri(changes: ResourceChanges, not_applied: NotApplied, *, oom_e
     )
     message.unified.update(changes.unified)
     if changes.oom_score_adj and not oom_elsewhere:
-        not_applied.add("resources.oom_score_adj", "NRI 0.6.1 updates carry no OOM score")
+        not_applied.add("resources.oom_score_adj", "NRI updates carry no OOM score")
     if changes.memory_swap_limit_in_bytes:
         not_applied.add("resources.memory_swap_limit_in_bytes", "NRI sets swap to the memory limit itself")
     return message if message.ByteSize() else None
@@ -184,10 +185,13 @@ def _annotations(annotations: Mapping[str, str], not_applied: NotApplied) -> dic
     return kept
 
 
-def container_adjustment(response: HookResponse) -> tuple[Any, NotApplied]:
-    """A merged PreCreateContainer answer as a ContainerAdjustment, and what it could not carry.
-    Its OOM score is not in the adjustment (NRI 0.6.1 has no such field): the caller writes it
-    to the container's process once started (hooks/nri/oom.py)."""
+def container_adjustment(
+    response: HookResponse, container: Any | None = None, *, oom_in_adjustment: bool = False
+) -> tuple[Any, NotApplied]:
+    """A merged PreCreateContainer answer for ``container`` (the NRI Container being created) as
+    a ContainerAdjustment, and what it could not carry. Its OOM score is in the adjustment when
+    ``oom_in_adjustment`` (NRI 0.7+), and only when it raises the container's; else the caller
+    writes it to the container's process once started (hooks/nri/oom.py)."""
     not_applied = NotApplied()
     adjust = nri_pb.ContainerAdjustment(
         annotations=_annotations(response.annotations, not_applied), env=_env_entries(response, not_applied)
@@ -195,9 +199,23 @@ def container_adjustment(response: HookResponse) -> tuple[Any, NotApplied]:
     resources = resources_to_nri(response.resources, not_applied, oom_elsewhere=True)
     if resources is not None:
         adjust.linux.resources.CopyFrom(resources)
+    if oom_in_adjustment and response.resources.oom_score_adj:
+        _adjust_oom(adjust, container, response.resources.oom_score_adj, not_applied)
     if response.cgroup_parent:
         not_applied.add("cgroup_parent", "NRI cannot move a pod's cgroup")
     return adjust, not_applied
+
+
+def _adjust_oom(adjust: Any, container: Any | None, target: int, not_applied: NotApplied) -> None:
+    linux = container.linux if container is not None else None
+    current = linux.oom_score_adj.value if linux is not None and linux.HasField("oom_score_adj") else None
+    try:
+        value = adjusted_score(current, target)
+    except ValueError as exc:
+        not_applied.add("resources.oom_score_adj", str(exc))
+        return
+    if value is not None:
+        adjust.linux.oom_score_adj.value = value
 
 
 def resources_update(container_id: str, response: HookResponse) -> tuple[list[Any], NotApplied]:

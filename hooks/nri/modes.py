@@ -1,11 +1,12 @@
 """Which hook points run in which mode: through the proxy, or at which NRI event.
 
-Through the proxy every hook point runs around its CRI call. Over NRI (containerd/nri 0.6.1)
-the runtime reports events instead; each runs the hook points below, in order. Two hook
+Through the proxy every hook point runs around its CRI call. Over NRI (containerd/nri 0.6 to
+0.8) the runtime reports events instead; each runs the hook points below, in order. Two hook
 points have no NRI event and never run in NRI mode (:data:`NOT_IN_NRI` says why). NRI's
-RemoveContainer has no hook point of ours and is not subscribed. PreCreateContainer also
-subscribes PostStartContainer: the OOM score its answer may set is written there
-(hooks/nri/oom.py).
+RemoveContainer has no hook point of ours and is not subscribed. On a runtime with NRI 0.6,
+PreCreateContainer also subscribes PostStartContainer: the OOM score its answer may set is
+written there (hooks/nri/oom.py); from NRI 0.7 on the CreateContainer adjustment carries it
+(hooks/nri/runtime_features.py). NRI 0.7 and 0.8 add no event.
 
 Notifications (:data:`DEFERRED`, "answer" none below) are answered at once and their hook points
 run afterwards, in the pod's order (hooks/nri/ordering.py); containerd waits for the others.
@@ -98,27 +99,29 @@ EVENT_NAMES: Final[Mapping[int, str]] = MappingProxyType(
     }
 )
 
-#: Hook points no NRI 0.6.1 event runs, and why.
+#: Hook points no NRI event runs, and why.
 NOT_IN_NRI: Final[Mapping[HookPoint, str]] = MappingProxyType(
     {
-        HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES: "NRI 0.6.1 has no pod update event",
+        HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES: "NRI up to 0.8 (containerd 2.1) has no pod update event",
         HookPoint.PRE_STOP_CONTAINER: "NRI reports StopContainer after the container stopped (PostStopContainer)",
     }
 )
 
 
-def events_for(points: Iterable[HookPoint]) -> list[int]:
-    """The NRI events that run at least one of ``points`` or that they imply, in event order."""
+def events_for(points: Iterable[HookPoint], *, oom_at_start: bool = True) -> list[int]:
+    """The NRI events that run at least one of ``points`` or that they imply, in event order.
+    ``oom_at_start``: the runtime's NRI cannot carry the OOM score at creation (NRI 0.6), so it
+    is written at PostStartContainer."""
     wanted = set(points)
-    implied = {event for point in wanted for event in _IMPLIED.get(point, ())}
+    implied = {event for point in wanted for event in _IMPLIED.get(point, ())} if oom_at_start else set()
     return [event for event, run in EVENT_POINTS.items() if wanted & set(run) or event in implied]
 
 
-def event_mask(points: Iterable[HookPoint]) -> int:
+def event_mask(points: Iterable[HookPoint], *, oom_at_start: bool = True) -> int:
     """ConfigureResponse.events for ``points``: bit (event - 1) per event (nri api/event.go).
     Never 0 for no points, which NRI would read as "every event": then only RemoveContainer,
-    which runs nothing."""
-    mask = sum(1 << (event - 1) for event in events_for(points))
+    which runs nothing. Every NRI up to 0.8 refuses a bit it does not know, and knows these."""
+    mask = sum(1 << (event - 1) for event in events_for(points, oom_at_start=oom_at_start))
     return mask or 1 << (_E.REMOVE_CONTAINER - 1)
 
 

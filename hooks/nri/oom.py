@@ -1,11 +1,15 @@
-"""The OOM score in NRI mode: what a PreCreateContainer answer asks for, written to the container's process.
+"""The OOM score in NRI mode: what a PreCreateContainer answer asks for, given to the container's process.
 
-NRI 0.6.1's ContainerAdjustment has no OOM score (``LinuxContainerAdjustment.oom_score_adj``
-arrived in NRI 0.7), so the value a plugin sets at PreCreateContainer is remembered here by
-container id and written at PostStartContainer to ``/proc/<pid>/oom_score_adj`` of the
-container's process, whose host pid NRI gives in ``Container.pid``. As the memory plugin asks
-and as the proxy applies it, a value is only ever raised, never lowered (proc(5): the file holds
-one integer, -1000..1000; raising needs no privilege, lowering CAP_SYS_RESOURCE).
+As the memory plugin asks and as the proxy applies it, a value is only ever raised, never
+lowered (proc(5): the file holds one integer, -1000..1000; raising needs no privilege, lowering
+CAP_SYS_RESOURCE). A runtime on NRI 0.7 or later takes it in the CreateContainer adjustment
+(``LinuxContainerAdjustment.oom_score_adj``; :func:`adjusted_score` decides whether to set it)
+and starts the process with it (hooks/nri/runtime_features.py tells the versions apart).
+
+NRI 0.6's ContainerAdjustment has no OOM score, so there the value a plugin sets at
+PreCreateContainer is remembered here by container id and written at PostStartContainer to
+``/proc/<pid>/oom_score_adj`` of the container's process, whose host pid NRI gives in
+``Container.pid``.
 
 Before writing, the process must be in the container's cgroup: its ``/proc/<pid>/cgroup``
 must show the very cgroup the runtime gave the container (``Container.linux.cgroups_path``),
@@ -30,7 +34,7 @@ from typing import Final
 
 from .membership import ContainerCgroup
 
-__all__ = ["OOM_SCORE_ADJ_MAX", "OOM_SCORE_ADJ_MIN", "OomApplied", "OomNotApplied", "OomScores"]
+__all__ = ["OOM_SCORE_ADJ_MAX", "OOM_SCORE_ADJ_MIN", "OomApplied", "OomNotApplied", "OomScores", "adjusted_score"]
 
 OOM_SCORE_ADJ_MIN: Final = -1000
 OOM_SCORE_ADJ_MAX: Final = 1000
@@ -39,6 +43,19 @@ _DEFAULT_LIMIT: Final = 4096
 
 class OomNotApplied(Exception):
     """The remembered OOM score could not be written; the message says why."""
+
+
+def _check_range(value: int) -> None:
+    if not OOM_SCORE_ADJ_MIN <= value <= OOM_SCORE_ADJ_MAX:
+        raise ValueError(f"oom_score_adj {value} is outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}")
+
+
+def adjusted_score(current: int | None, target: int) -> int | None:
+    """The OOM score to put in a CreateContainer adjustment for ``target`` when the container's
+    spec has ``current`` (None: the spec sets none): ``target`` when it raises the score, None
+    when the spec's is already as high. ValueError outside -1000..1000."""
+    _check_range(target)
+    return target if current is None or target > current else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +87,7 @@ class OomScores:
         The ids pushed out by ``limit`` (containers that never started), to be logged."""
         if not container_id:
             raise ValueError("no container id to remember an OOM score for")
-        if not OOM_SCORE_ADJ_MIN <= value <= OOM_SCORE_ADJ_MAX:
-            raise ValueError(f"oom_score_adj {value} is outside {OOM_SCORE_ADJ_MIN}..{OOM_SCORE_ADJ_MAX}")
+        _check_range(value)
         self._pending[container_id] = value
         self._pending.move_to_end(container_id)
         dropped = []

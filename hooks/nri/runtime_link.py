@@ -8,12 +8,16 @@ no socket (the runtime is down, or NRI is off in its config), not a socket, nobo
 (TtrpcClient). The connection ends when the runtime closes it or sends bytes that cannot be
 demultiplexed or framed (a ttrpc frame over the size limit); ``closed`` then holds the
 reason, calls in flight fail and the server's tasks are cancelled.
+
+**Bytes are handled as they arrive**: the socket's protocol (:class:`_Trunk`) hands each read to
+the demultiplexer and the ttrpc endpoints in the loop's own read callback, so a request's task
+starts in the next loop turn, with no reader task to wake in between. Nothing is buffered but the
+decoders' one unfinished chunk and frame, whose sizes the decoders bound.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import os
 import stat
@@ -32,7 +36,6 @@ log = structlog.get_logger("runtimeproxy.hooks.nri")
 
 #: How NRI is turned on in containerd 1.7's config, for error messages ({path}: the socket).
 NRI_CONFIG_HINT: Final = 'containerd 1.7: [plugins."io.containerd.nri.v1.nri"] disable = false, socket_path = "{path}"'
-_READ_SIZE: Final = 1 << 16
 
 
 class NriUnavailable(OSError):
@@ -56,8 +59,9 @@ async def connect(path: str, methods: Mapping[tuple[str, str], Method]) -> NriCo
         raise NriUnavailable(errno.EACCES, f"no permission to reach NRI socket {path}") from None
     if not stat.S_ISSOCK(mode):
         raise NriUnavailable(errno.ENOTSOCK, f"{path} is not a socket: give the runtime's NRI socket_path")
+    loop = asyncio.get_running_loop()
     try:
-        reader, writer = await asyncio.open_unix_connection(path, limit=_READ_SIZE)
+        transport, trunk = await loop.create_unix_connection(_Trunk, path)
     except ConnectionRefusedError:
         raise NriUnavailable(
             errno.ECONNREFUSED,
@@ -68,46 +72,72 @@ async def connect(path: str, methods: Mapping[tuple[str, str], Method]) -> NriCo
         raise NriUnavailable(errno.EACCES, f"no permission to connect to NRI socket {path}") from None
     except OSError as exc:
         raise NriUnavailable(exc.errno or errno.EIO, f"cannot connect to NRI socket {path}: {exc}") from None
-    return NriConnection(reader, writer, methods)
+    return NriConnection(transport, trunk, methods)
+
+
+class _Trunk(asyncio.Protocol):
+    """The socket's events, passed to its NriConnection (attached right after connecting; bytes
+    that come before are kept until then)."""
+
+    def __init__(self) -> None:
+        self.connection: NriConnection | None = None
+        self.early: list[bytes] = []
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        if self.connection is None:
+            self.early.append(data)
+        else:
+            self.connection.received(data)
+
+    def eof_received(self) -> bool:
+        if self.connection is not None:
+            self.connection.end("the runtime closed the connection")
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if self.connection is not None:
+            self.connection.end("the runtime closed the connection" if exc is None else f"connection error: {exc}")
 
 
 class NriConnection:
     """The multiplexed connection; see the module doc. ``client`` calls the runtime."""
 
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, methods: Mapping[tuple[str, str], Method]
-    ) -> None:
-        self._reader = reader
-        self._writer = writer
+    def __init__(self, transport: asyncio.Transport, trunk: _Trunk, methods: Mapping[tuple[str, str], Method]) -> None:
+        self._trunk = trunk
+        self._transport = transport
         self._decoder = MuxDecoder()
         self.server = TtrpcServer(methods, lambda data: self._write(PLUGIN_SERVICE_CONN, data))
         self.client = TtrpcClient(lambda data: self._write(RUNTIME_SERVICE_CONN, data))
-        loop = asyncio.get_running_loop()
-        self.closed: asyncio.Future[str] = loop.create_future()
+        self.closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._unknown_conns: set[int] = set()
-        self._task = loop.create_task(self._read(), name="runtime-hooks-nri-read")
+        self._ending: asyncio.Task[None] | None = None
+        trunk.connection = self
+        early, trunk.early = trunk.early, []
+        for data in early:
+            self.received(data)
+        if trunk.lost.done():  # lost before we were attached
+            self.end("the runtime closed the connection")
 
     def _write(self, conn_id: int, data: bytes) -> None:
-        if not self._writer.is_closing():
-            self._writer.write(encode_chunks(conn_id, data))
+        if not self._transport.is_closing():
+            self._transport.write(encode_chunks(conn_id, data))
 
-    async def _read(self) -> None:
-        reason = "closed by runtime-hooks"
+    def received(self, data: bytes) -> None:
+        """Bytes read from the socket: routed at once (module doc); unreadable ones end the connection."""
+        if self._ending is not None:
+            return
         try:
-            while True:
-                data = await self._reader.read(_READ_SIZE)
-                if not data:
-                    reason = "the runtime closed the connection"
-                    break
-                self._route(self._decoder.feed(data))
+            self._route(self._decoder.feed(data))
         except MuxError as exc:
-            reason = f"unreadable multiplexed stream: {exc}"
+            self.end(f"unreadable multiplexed stream: {exc}")
         except FrameTooLarge as exc:
-            reason = f"unreadable ttrpc stream: {exc}"
-        except OSError as exc:
-            reason = f"connection error: {exc}"
-        finally:
-            await self._end(reason)
+            self.end(f"unreadable ttrpc stream: {exc}")
+        except Exception:  # a bug must not leave the runtime waiting on a connection no one reads
+            log.exception("NRI data could not be handled; closing the connection")
+            self.end("runtime-hooks failed to handle the runtime's data")
 
     def _route(self, chunks: list[tuple[int, bytes]]) -> None:
         for conn_id, payload in chunks:
@@ -119,21 +149,20 @@ class NriConnection:
                 self._unknown_conns.add(conn_id)
                 log.warning("NRI data for an unknown multiplexed connection ignored", conn=conn_id)
 
+    def end(self, reason: str) -> asyncio.Task[None]:
+        """End the connection for ``reason`` (the first reason given stands); the task doing it."""
+        if self._ending is None:
+            self._ending = asyncio.get_running_loop().create_task(self._end(reason), name="runtime-hooks-nri-end")
+        return self._ending
+
     async def _end(self, reason: str) -> None:
         self.client.close(reason)
+        self._transport.close()
         await self.server.close()
-        self._writer.close()
-        with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
+        await self._trunk.lost
         if not self.closed.done():
             self.closed.set_result(reason)
 
     async def close(self) -> None:
         """Close the connection (the runtime forgets the plugin) and wait until it is down."""
-        self._writer.close()
-        if not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if not self.closed.done():
-            await self._end("closed by runtime-hooks")
+        await self.end("closed by runtime-hooks")

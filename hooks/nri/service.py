@@ -26,8 +26,9 @@ notification the runtime has been answered already (and containerd only logs an 
 to one): the failure is logged as an error and counted (outcome ``failed``). Everything else a
 plugin does wrong is the runner's to log and count, as in proxy mode.
 
-**The OOM score** a PreCreateContainer answer sets is written to the container's process at
-PostStartContainer (hooks/nri/oom.py): NRI 0.6.1 cannot carry it.
+**The OOM score** a PreCreateContainer answer sets is in the CreateContainer adjustment when the
+runtime's NRI is 0.7 or later (told at Configure: hooks/nri/runtime_features.py), else written to
+the container's process at PostStartContainer (hooks/nri/oom.py).
 
 **What NRI cannot apply** of an answer is logged (warning, with the field and why) and counted
 in ``runtimehooks_nri_not_applied_total``; see hooks/nri/mapping.py.
@@ -59,7 +60,6 @@ from .mapping import (
     NotApplied,
     container_adjustment,
     container_from_nri,
-    pod_from_nri,
     pod_response_not_applied,
     resources_update,
 )
@@ -67,8 +67,11 @@ from .modes import DEFERRED, EVENT_NAMES, EVENT_POINTS, event_mask
 from .nri_metrics import NriMetrics
 from .oom import OomNotApplied, OomScores
 from .ordering import PodQueues
+from .pod_infos import PodInfos
 from .repair import LIVE_STATES, SynchronizeUpdates, synchronize_updates
 from .rpc import Method, RpcError, StatusCode, after_answer
+from .runtime_features import NRI_0_6, RuntimeNri
+from .sync_parts import SyncParts
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "PLUGIN_SERVICE", "RUNTIME_SERVICE", "NriHooks", "SyncCallback"]
 
@@ -111,6 +114,9 @@ class NriHooks:
         self.on_shutdown = on_shutdown
         self.oom = oom if oom is not None else OomScores()
         self.queues = PodQueues()
+        self.pods = PodInfos()  # each pod converted once, not at each of its events
+        self.runtime = NRI_0_6  # what the runtime's NRI carries, from its Configure
+        self.sync_parts = SyncParts()
 
     def methods(self) -> dict[tuple[str, str], Method]:
         handlers: dict[str, Method] = {
@@ -128,12 +134,15 @@ class NriHooks:
 
     async def configure(self, payload: bytes, timeout: float | None) -> bytes:
         request = _decode(nri_pb.ConfigureRequest, payload)
-        mask = event_mask(self.runner.hook_points)
+        self.runtime = RuntimeNri.of(request)
+        self.sync_parts.reset()  # a new connection: no parts of an earlier one's Synchronize
+        mask = event_mask(self.runner.hook_points, oom_at_start=not self.runtime.oom_in_adjustment)
         subscribed = [name for event, name in EVENT_NAMES.items() if mask & (1 << (event - 1))]
         log.info(
             "NRI configured",
             runtime=request.runtime_name,
             runtime_version=request.runtime_version,
+            nri=self.runtime.described,
             events=subscribed,
         )
         if request.config:
@@ -141,9 +150,11 @@ class NriHooks:
         return bytes(nri_pb.ConfigureResponse(events=mask).SerializeToString())
 
     async def synchronize(self, payload: bytes, timeout: float | None) -> bytes:
-        request = _decode(nri_pb.SynchronizeRequest, payload)
+        request = self.sync_parts.add(_decode(nri_pb.SynchronizeRequest, payload))
+        if request is None:  # a part of a split state (hooks/nri/sync_parts.py)
+            return bytes(nri_pb.SynchronizeResponse(more=True).SerializeToString())
         deadline = asyncio.get_running_loop().time() + _budget(timeout)
-        pods = {pod.id: pod_from_nri(pod) for pod in request.pods}
+        pods = {pod.id: self.pods.of(pod) for pod in request.pods}
         containers: dict[str, list[ContainerInfo]] = {}
         live: list[tuple[PodInfo, ContainerInfo]] = []
         for container in request.containers:
@@ -171,8 +182,10 @@ class NriHooks:
         answer = nri_pb.CreateContainerResponse()
         response = await self._in_line(_Event.of(nri_pb.CREATE_CONTAINER, request.pod, request.container, timeout))
         if response is not None:
-            adjust, not_applied = container_adjustment(response)
-            self._remember_oom(request.container, response.resources.oom_score_adj, not_applied)
+            in_adjustment = self.runtime.oom_in_adjustment
+            adjust, not_applied = container_adjustment(response, request.container, oom_in_adjustment=in_adjustment)
+            if not in_adjustment:
+                self._remember_oom(request.container, response.resources.oom_score_adj, not_applied)
             self._report(nri_pb.CREATE_CONTAINER, request.container, not_applied)
             answer.adjust.CopyFrom(adjust)
         return bytes(answer.SerializeToString())
@@ -238,13 +251,15 @@ class NriHooks:
             log.exception("NRI notification hooks failed", **event.bound)
         if event.event == nri_pb.POST_START_CONTAINER and event.container is not None:
             self._apply_oom(event)
+        elif event.event == nri_pb.REMOVE_POD_SANDBOX:
+            self.pods.forget(event.pod.id)
 
     async def _handle(self, event: _Event) -> HookResponse | None:
         """Run the event's hook points; the answer of the one that has an answer (None: nothing to apply)."""
         points = [point for point in EVENT_POINTS[event.event] if point in self.runner.hook_points]
         if not points:
             return None
-        pod = pod_from_nri(event.pod)
+        pod = self.pods.of(event.pod)
         container = container_from_nri(event.container, event.resources) if event.container is not None else None
         answer: HookResponse | None = None
         outcome = "error"

@@ -1,7 +1,8 @@
-"""Our NRI and ttrpc protos (api/nri/) against the numbers of NRI v0.6.1 and ttrpc v1.2.4.
+"""Our NRI and ttrpc protos (api/nri/) against the numbers of NRI v0.6.1 to v0.8.0 and ttrpc v1.2.4.
 
 The tables are the wire contract as those versions define it (containerd/nri pkg/api/api.proto at
-v0.6.1, Debian trixie's golang-github-containerd-nri-dev 0.6.1-2; containerd/ttrpc request.proto
+v0.6.1, Debian trixie's golang-github-containerd-nri-dev 0.6.1-2, and the fields v0.7.0 and
+v0.8.0 added, the version containerd v2.1.9's go.mod requires; containerd/ttrpc request.proto
 at v1.2.4 with google.rpc.Status): a renamed or renumbered field here breaks the runtime's reading.
 """
 
@@ -21,10 +22,12 @@ def fields(message: Any) -> dict[str, int]:
 
 NRI_FIELDS: dict[str, dict[str, int]] = {
     "RegisterPluginRequest": {"plugin_name": 1, "plugin_idx": 2},
-    "ConfigureRequest": {"config": 1, "runtime_name": 2, "runtime_version": 3},
+    "ConfigureRequest": {
+        "config": 1, "runtime_name": 2, "runtime_version": 3, "registration_timeout": 4, "request_timeout": 5,
+    },
     "ConfigureResponse": {"events": 2},
-    "SynchronizeRequest": {"pods": 1, "containers": 2},
-    "SynchronizeResponse": {"update": 1},
+    "SynchronizeRequest": {"pods": 1, "containers": 2, "more": 3},
+    "SynchronizeResponse": {"update": 1, "more": 2},
     "UpdateContainersRequest": {"update": 1, "evict": 2},
     "UpdateContainersResponse": {"failed": 1},
     "CreateContainerRequest": {"pod": 1, "container": 2},
@@ -36,7 +39,7 @@ NRI_FIELDS: dict[str, dict[str, int]] = {
     "StateChangeEvent": {"event": 1, "pod": 2, "container": 3},
     "PodSandbox": {
         "id": 1, "name": 2, "uid": 3, "namespace": 4, "labels": 5, "annotations": 6,
-        "runtime_handler": 7, "linux": 8, "pid": 9,
+        "runtime_handler": 7, "linux": 8, "pid": 9, "ips": 10,
     },
     "LinuxPodSandbox": {
         "pod_overhead": 1, "pod_resources": 2, "cgroup_parent": 3, "cgroups_path": 4, "namespaces": 5,
@@ -49,8 +52,9 @@ NRI_FIELDS: dict[str, dict[str, int]] = {
     "LinuxContainer": {"namespaces": 1, "devices": 2, "resources": 3, "oom_score_adj": 4, "cgroups_path": 5},
     "LinuxResources": {
         "memory": 1, "cpu": 2, "hugepage_limits": 3, "blockio_class": 4, "rdt_class": 5, "unified": 6,
-        "devices": 7,
+        "devices": 7, "pids": 8,
     },
+    "LinuxPids": {"limit": 1},
     "LinuxMemory": {
         "limit": 1, "reservation": 2, "swap": 3, "kernel": 4, "kernel_tcp": 5, "swappiness": 6,
         "disable_oom_killer": 7, "use_hierarchy": 8,
@@ -58,8 +62,11 @@ NRI_FIELDS: dict[str, dict[str, int]] = {
     "LinuxCPU": {"shares": 1, "quota": 2, "period": 3, "realtime_runtime": 4, "realtime_period": 5, "cpus": 6,
                  "mems": 7},
     "HugepageLimit": {"page_size": 1, "limit": 2},
-    "ContainerAdjustment": {"annotations": 2, "mounts": 3, "env": 4, "hooks": 5, "linux": 6, "rlimits": 7},
-    "LinuxContainerAdjustment": {"devices": 1, "resources": 2, "cgroups_path": 3},
+    "ContainerAdjustment": {
+        "annotations": 2, "mounts": 3, "env": 4, "hooks": 5, "linux": 6, "rlimits": 7, "CDI_devices": 8,
+    },
+    "CDIDevice": {"name": 1},
+    "LinuxContainerAdjustment": {"devices": 1, "resources": 2, "cgroups_path": 3, "oom_score_adj": 4},
     "ContainerUpdate": {"container_id": 1, "linux": 2, "ignore_failure": 3},
     "LinuxContainerUpdate": {"resources": 1},
     "ContainerEviction": {"container_id": 1, "reason": 2},
@@ -71,7 +78,7 @@ NRI_FIELDS: dict[str, dict[str, int]] = {
 
 
 @pytest.mark.parametrize("name", sorted(NRI_FIELDS))
-def test_nri_message_fields_are_v0_6_1s(name: str) -> None:
+def test_nri_message_fields_are_those_of_nri_up_to_v0_8_0(name: str) -> None:
     assert fields(getattr(nri, name)) == NRI_FIELDS[name]
 
 

@@ -8,7 +8,9 @@ Parity: the same pods are then run through ``runtime-proxy serve`` with runtime-
 mode on the same containerd, and every value read back (real cgroup v1 files, the container's
 environment, the fake resctrl tree) must be equal, and equal to the values worked out by hand.
 Then: a containerd restart (runtime-hooks reconnects and registers again, and the next pod
-gets its values), and the errors when the socket is missing or NRI is off.
+gets its values), and the errors when the socket is missing or NRI is off. The OOM score the
+memory plugin sets: in the CreateContainer adjustment on 2.x (NRI 0.8), written to the started
+process on 1.7 (NRI 0.6.1).
 
 Container repair over NRI: a container created while runtime-hooks was not registered gets the
 plugins' values from the Synchronize answer; a value changed behind containerd's back is set back
@@ -243,15 +245,13 @@ def oom_scores(pod: Pod, name: str) -> set[int]:
     return {int((Path("/proc") / pid / "oom_score_adj").read_text()) for pid in pids}
 
 
-def test_nri_be_container_gets_the_oom_score_written_to_its_process(node: NriNode) -> None:
-    """NRI 0.6.1 cannot carry the OOM score the memory plugin answers for BE at PreCreateContainer;
-    it is written to the container's process at PostStartContainer, only ever raised."""
+def run_oom_pods(node: NriNode) -> dict[str, Pod]:
+    """A BE and an LS pod, each a container with kubelet's OOM score for a Burstable container
+    (a pod labelled BE may be Burstable), with runtime-hooks in NRI mode."""
     node.start_nri(policy_text(interval=600))
-    assert node.hooks is not None
-    # kubelet's value for a Burstable container; a pod labelled BE may be Burstable
     burstable = pb.LinuxContainerResources(cpu_period=100_000, cpu_shares=2, oom_score_adj=500)
     with CriClient(node.containerd.address, timeout=CALL_TIMEOUT) as cri:
-        pods = {
+        return {
             qos: node.run_pod(
                 cri,
                 f"{qos.lower()}-oom",
@@ -262,11 +262,53 @@ def test_nri_be_container_gets_the_oom_score_written_to_its_process(node: NriNod
             )
             for qos in ("BE", "LS")
         }
+
+
+def spec_oom_score(node: NriNode, pod: Pod) -> int:
+    """The OOM score in the OCI spec containerd created the container with."""
+    with CriClient(node.containerd.address, timeout=CALL_TIMEOUT) as cri:
+        request = pb.ContainerStatusRequest(container_id=pod.containers["app"], verbose=True)
+        status = cri.runtime.ContainerStatus(request)
+    return int(json.loads(status.info["info"])["runtimeSpec"]["process"]["oomScoreAdj"])
+
+
+def nri_configured(node: NriNode) -> dict[str, Any]:
+    assert node.hooks is not None
+    return node.hooks.wait_record(lambda r: r.get("event") == "NRI configured")
+
+
+def no_field_refused(node: NriNode) -> bool:
+    assert node.hooks is not None
+    return not [r for r in node.hooks.records() if r.get("event") == "answer fields NRI cannot apply were not applied"]
+
+
+@pytest.mark.containerd_series("1.7")
+def test_on_nri_0_6_the_oom_score_is_written_to_the_started_process(node: NriNode) -> None:
+    """NRI 0.6.1 cannot carry the OOM score the memory plugin answers for BE at PreCreateContainer;
+    it is written to the container's process at PostStartContainer, only ever raised."""
+    pods = run_oom_pods(node)
+    assert node.hooks is not None
     eventually(lambda: oom_scores(pods["BE"], "app") == {1000}, 10.0, node.hooks_log)
     assert oom_scores(pods["LS"], "app") == {500}  # other classes are left to kubelet
     raised = node.hooks.wait_record(lambda r: r.get("event") == "oom_score_adj raised")
     assert (raised["before"], raised["after"], raised["container"]) == (500, 1000, "app")
-    assert not [r for r in node.hooks.records() if r.get("event") == "answer fields NRI cannot apply were not applied"]
+    assert spec_oom_score(node, pods["BE"]) == 500  # created with kubelet's value
+    assert nri_configured(node)["nri"] == "0.6"
+    assert no_field_refused(node)
+
+
+@pytest.mark.containerd_series("2.x")
+def test_on_nri_0_8_the_container_is_created_with_the_oom_score(node: NriNode) -> None:
+    """containerd 2.x (NRI 0.8) takes the OOM score in the CreateContainer adjustment: the OCI spec
+    holds it and the process starts with it; nothing is written after the start."""
+    pods = run_oom_pods(node)
+    assert node.hooks is not None
+    assert spec_oom_score(node, pods["BE"]) == 1000
+    assert oom_scores(pods["BE"], "app") == {1000}  # at once: the container was started with it
+    assert spec_oom_score(node, pods["LS"]) == 500 and oom_scores(pods["LS"], "app") == {500}
+    assert nri_configured(node)["nri"] == "0.7+"
+    assert not [r for r in node.hooks.records() if str(r.get("event", "")).startswith("oom_score_adj")]
+    assert no_field_refused(node)
 
 
 def test_a_second_nri_instance_on_the_same_endpoint_refuses_to_start(node: NriNode) -> None:

@@ -180,7 +180,7 @@ def test_modes_of_a_plugin() -> None:
     }
     assert events_for(points) == [nri.CREATE_CONTAINER, nri.POST_START_CONTAINER]
     [line] = mode_lines([("cpu", points)])
-    assert line.startswith("cpu: in NRI mode PreCreateContainer; never PreUpdatePodSandboxResources (NRI 0.6.1")
+    assert line.startswith("cpu: in NRI mode PreCreateContainer; never PreUpdatePodSandboxResources (NRI up to 0.8")
 
 
 # -- the Plugin service over a real runner ----------------------------------------------------------------

@@ -58,14 +58,18 @@ class RegisterPluginRequest(_message.Message):
     def __init__(self, plugin_name: _Optional[str] = ..., plugin_idx: _Optional[str] = ...) -> None: ...
 
 class ConfigureRequest(_message.Message):
-    __slots__ = ("config", "runtime_name", "runtime_version")
+    __slots__ = ("config", "runtime_name", "runtime_version", "registration_timeout", "request_timeout")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_NAME_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     config: str
     runtime_name: str
     runtime_version: str
-    def __init__(self, config: _Optional[str] = ..., runtime_name: _Optional[str] = ..., runtime_version: _Optional[str] = ...) -> None: ...
+    registration_timeout: int
+    request_timeout: int
+    def __init__(self, config: _Optional[str] = ..., runtime_name: _Optional[str] = ..., runtime_version: _Optional[str] = ..., registration_timeout: _Optional[int] = ..., request_timeout: _Optional[int] = ...) -> None: ...
 
 class ConfigureResponse(_message.Message):
     __slots__ = ("events",)
@@ -74,18 +78,22 @@ class ConfigureResponse(_message.Message):
     def __init__(self, events: _Optional[int] = ...) -> None: ...
 
 class SynchronizeRequest(_message.Message):
-    __slots__ = ("pods", "containers")
+    __slots__ = ("pods", "containers", "more")
     PODS_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     pods: _containers.RepeatedCompositeFieldContainer[PodSandbox]
     containers: _containers.RepeatedCompositeFieldContainer[Container]
-    def __init__(self, pods: _Optional[_Iterable[_Union[PodSandbox, _Mapping]]] = ..., containers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ...) -> None: ...
+    more: bool
+    def __init__(self, pods: _Optional[_Iterable[_Union[PodSandbox, _Mapping]]] = ..., containers: _Optional[_Iterable[_Union[Container, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class SynchronizeResponse(_message.Message):
-    __slots__ = ("update",)
+    __slots__ = ("update", "more")
     UPDATE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     update: _containers.RepeatedCompositeFieldContainer[ContainerUpdate]
-    def __init__(self, update: _Optional[_Iterable[_Union[ContainerUpdate, _Mapping]]] = ...) -> None: ...
+    more: bool
+    def __init__(self, update: _Optional[_Iterable[_Union[ContainerUpdate, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class UpdateContainersRequest(_message.Message):
     __slots__ = ("update", "evict")
@@ -166,7 +174,7 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class PodSandbox(_message.Message):
-    __slots__ = ("id", "name", "uid", "namespace", "labels", "annotations", "runtime_handler", "linux", "pid")
+    __slots__ = ("id", "name", "uid", "namespace", "labels", "annotations", "runtime_handler", "linux", "pid", "ips")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +198,7 @@ class PodSandbox(_message.Message):
     RUNTIME_HANDLER_FIELD_NUMBER: _ClassVar[int]
     LINUX_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    IPS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     uid: str
@@ -199,7 +208,8 @@ class PodSandbox(_message.Message):
     runtime_handler: str
     linux: LinuxPodSandbox
     pid: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ..., namespace: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., runtime_handler: _Optional[str] = ..., linux: _Optional[_Union[LinuxPodSandbox, _Mapping]] = ..., pid: _Optional[int] = ...) -> None: ...
+    ips: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., uid: _Optional[str] = ..., namespace: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., runtime_handler: _Optional[str] = ..., linux: _Optional[_Union[LinuxPodSandbox, _Mapping]] = ..., pid: _Optional[int] = ..., ips: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LinuxPodSandbox(_message.Message):
     __slots__ = ("pod_overhead", "pod_resources", "cgroup_parent", "cgroups_path", "namespaces", "resources")
@@ -356,7 +366,7 @@ class LinuxDeviceCgroup(_message.Message):
     def __init__(self, allow: _Optional[bool] = ..., type: _Optional[str] = ..., major: _Optional[_Union[OptionalInt64, _Mapping]] = ..., minor: _Optional[_Union[OptionalInt64, _Mapping]] = ..., access: _Optional[str] = ...) -> None: ...
 
 class LinuxResources(_message.Message):
-    __slots__ = ("memory", "cpu", "hugepage_limits", "blockio_class", "rdt_class", "unified", "devices")
+    __slots__ = ("memory", "cpu", "hugepage_limits", "blockio_class", "rdt_class", "unified", "devices", "pids")
     class UnifiedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +381,7 @@ class LinuxResources(_message.Message):
     RDT_CLASS_FIELD_NUMBER: _ClassVar[int]
     UNIFIED_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
     memory: LinuxMemory
     cpu: LinuxCPU
     hugepage_limits: _containers.RepeatedCompositeFieldContainer[HugepageLimit]
@@ -378,7 +389,14 @@ class LinuxResources(_message.Message):
     rdt_class: OptionalString
     unified: _containers.ScalarMap[str, str]
     devices: _containers.RepeatedCompositeFieldContainer[LinuxDeviceCgroup]
-    def __init__(self, memory: _Optional[_Union[LinuxMemory, _Mapping]] = ..., cpu: _Optional[_Union[LinuxCPU, _Mapping]] = ..., hugepage_limits: _Optional[_Iterable[_Union[HugepageLimit, _Mapping]]] = ..., blockio_class: _Optional[_Union[OptionalString, _Mapping]] = ..., rdt_class: _Optional[_Union[OptionalString, _Mapping]] = ..., unified: _Optional[_Mapping[str, str]] = ..., devices: _Optional[_Iterable[_Union[LinuxDeviceCgroup, _Mapping]]] = ...) -> None: ...
+    pids: LinuxPids
+    def __init__(self, memory: _Optional[_Union[LinuxMemory, _Mapping]] = ..., cpu: _Optional[_Union[LinuxCPU, _Mapping]] = ..., hugepage_limits: _Optional[_Iterable[_Union[HugepageLimit, _Mapping]]] = ..., blockio_class: _Optional[_Union[OptionalString, _Mapping]] = ..., rdt_class: _Optional[_Union[OptionalString, _Mapping]] = ..., unified: _Optional[_Mapping[str, str]] = ..., devices: _Optional[_Iterable[_Union[LinuxDeviceCgroup, _Mapping]]] = ..., pids: _Optional[_Union[LinuxPids, _Mapping]] = ...) -> None: ...
+
+class LinuxPids(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class LinuxMemory(_message.Message):
     __slots__ = ("limit", "reservation", "swap", "kernel", "kernel_tcp", "swappiness", "disable_oom_killer", "use_hierarchy")
@@ -437,7 +455,7 @@ class POSIXRlimit(_message.Message):
     def __init__(self, type: _Optional[str] = ..., hard: _Optional[int] = ..., soft: _Optional[int] = ...) -> None: ...
 
 class ContainerAdjustment(_message.Message):
-    __slots__ = ("annotations", "mounts", "env", "hooks", "linux", "rlimits")
+    __slots__ = ("annotations", "mounts", "env", "hooks", "linux", "rlimits", "CDI_devices")
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -451,23 +469,33 @@ class ContainerAdjustment(_message.Message):
     HOOKS_FIELD_NUMBER: _ClassVar[int]
     LINUX_FIELD_NUMBER: _ClassVar[int]
     RLIMITS_FIELD_NUMBER: _ClassVar[int]
+    CDI_DEVICES_FIELD_NUMBER: _ClassVar[int]
     annotations: _containers.ScalarMap[str, str]
     mounts: _containers.RepeatedCompositeFieldContainer[Mount]
     env: _containers.RepeatedCompositeFieldContainer[KeyValue]
     hooks: Hooks
     linux: LinuxContainerAdjustment
     rlimits: _containers.RepeatedCompositeFieldContainer[POSIXRlimit]
-    def __init__(self, annotations: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., env: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., hooks: _Optional[_Union[Hooks, _Mapping]] = ..., linux: _Optional[_Union[LinuxContainerAdjustment, _Mapping]] = ..., rlimits: _Optional[_Iterable[_Union[POSIXRlimit, _Mapping]]] = ...) -> None: ...
+    CDI_devices: _containers.RepeatedCompositeFieldContainer[CDIDevice]
+    def __init__(self, annotations: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., env: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., hooks: _Optional[_Union[Hooks, _Mapping]] = ..., linux: _Optional[_Union[LinuxContainerAdjustment, _Mapping]] = ..., rlimits: _Optional[_Iterable[_Union[POSIXRlimit, _Mapping]]] = ..., CDI_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ...) -> None: ...
+
+class CDIDevice(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class LinuxContainerAdjustment(_message.Message):
-    __slots__ = ("devices", "resources", "cgroups_path")
+    __slots__ = ("devices", "resources", "cgroups_path", "oom_score_adj")
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     CGROUPS_PATH_FIELD_NUMBER: _ClassVar[int]
+    OOM_SCORE_ADJ_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[LinuxDevice]
     resources: LinuxResources
     cgroups_path: str
-    def __init__(self, devices: _Optional[_Iterable[_Union[LinuxDevice, _Mapping]]] = ..., resources: _Optional[_Union[LinuxResources, _Mapping]] = ..., cgroups_path: _Optional[str] = ...) -> None: ...
+    oom_score_adj: OptionalInt
+    def __init__(self, devices: _Optional[_Iterable[_Union[LinuxDevice, _Mapping]]] = ..., resources: _Optional[_Union[LinuxResources, _Mapping]] = ..., cgroups_path: _Optional[str] = ..., oom_score_adj: _Optional[_Union[OptionalInt, _Mapping]] = ...) -> None: ...
 
 class ContainerUpdate(_message.Message):
     __slots__ = ("container_id", "linux", "ignore_failure")
