@@ -16,7 +16,15 @@ from typing import Any
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
 
-__all__ = ["SyncParts"]
+__all__ = ["MAX_HELD", "SyncParts", "SyncTooLarge"]
+
+#: Pods and containers held across parts at most: far above any node (kubelet's default is 110
+#: pods), low enough that a runtime sending parts without end cannot grow the plugin's memory.
+MAX_HELD = 100_000
+
+
+class SyncTooLarge(ValueError):
+    """A split Synchronize went past :data:`MAX_HELD`; its parts are dropped."""
 
 
 class SyncParts:
@@ -38,6 +46,9 @@ class SyncParts:
         """Take one SynchronizeRequest: None while more parts follow, else the whole state as one
         SynchronizeRequest (``request`` itself when it came in one part)."""
         if request.more:
+            if len(self) + len(request.pods) + len(request.containers) > MAX_HELD:
+                self.reset()
+                raise SyncTooLarge(f"split Synchronize holds over {MAX_HELD} pods and containers: refused")
             self._pods.extend(request.pods)
             self._containers.extend(request.containers)
             return None

@@ -230,3 +230,17 @@ async def test_parts_of_a_connection_that_ended_are_dropped_at_the_next_configur
     await call(hooks, "Configure", CONFIGURE_0_8)  # the runtime came back
     await call(hooks, "Synchronize", nri.SynchronizeRequest(pods=[pod(2)]))
     assert [[p.sandbox_id for p in pods] for pods in got] == [["sb2"]]
+
+
+def test_split_synchronize_without_end_is_refused_not_held() -> None:
+    """A runtime sending parts without end cannot grow the plugin's memory past the bound."""
+    from runtimeproxy.hooks.nri import sync_parts
+
+    from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
+
+    parts = sync_parts.SyncParts()
+    chunk = [nri_pb.PodSandbox(id=str(i)) for i in range(1000)]
+    with pytest.raises(sync_parts.SyncTooLarge, match="refused"):
+        for _ in range(sync_parts.MAX_HELD // 1000 + 1):
+            parts.add(nri_pb.SynchronizeRequest(pods=chunk, more=True))
+    assert len(parts) == 0
