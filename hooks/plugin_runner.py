@@ -305,11 +305,22 @@ class PluginRunner:
             for point, plugins in self._by_point.items()
         }
         self._plans = {}
+        self._hook_points = frozenset(point for point, plugins in self._by_point.items() if plugins)
+        self._suspending = frozenset(
+            point for point, handlers in self._handlers.items() if any(not h.never_suspends for _, h in handlers)
+        )
 
     @property
     def hook_points(self) -> frozenset[HookPoint]:
         """The hook points at least one enabled plugin handles."""
-        return frozenset(point for point, plugins in self._by_point.items() if plugins)
+        return self._hook_points
+
+    def may_suspend(self, points: Iterable[HookPoint]) -> bool:
+        """Whether a hook call at any of ``points`` can wait on the event loop: False when every
+        handler there runs to its end at once (Handler.never_suspends). A deadline around such
+        calls could never fire (asyncio's timeouts act only where a coroutine waits), so callers
+        may leave it out."""
+        return any(point in self._suspending for point in points)
 
     def plugins_for(self, point: HookPoint) -> tuple[Plugin, ...]:
         return self._by_point[point]

@@ -28,6 +28,14 @@ class PodQueues:
     def __init__(self) -> None:
         self._tails: dict[str, asyncio.Task[Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # see _running_loop
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the queues' work runs on, looked up once: each look at the running loop is a
+        getpid(2) on Python 3.11, and this is on the path of every event."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     def __len__(self) -> int:
         """Keys with work queued or running."""
@@ -37,7 +45,7 @@ class PodQueues:
         """A task running ``work()`` once the earlier work for ``key`` is done. Awaiting it gives
         its result; cancelling it cancels ``work`` (or skips it, while still queued)."""
         previous = self._tails.get(key)
-        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(_after(previous, work))
+        task: asyncio.Task[T] = self._running_loop().create_task(_after(previous, work))
         self._tails[key] = task
         self._tasks.add(task)
         task.add_done_callback(lambda done: self._finished(key, done))
@@ -47,7 +55,7 @@ class PodQueues:
         """``await self.submit(key, work)``, in the calling task when nothing of ``key`` is queued
         (module doc). Registers before its first suspension, as submit does."""
         previous = self._tails.get(key)
-        caller = asyncio.current_task()
+        caller = asyncio.current_task(self._running_loop())
         if caller is None or (previous is not None and not previous.done()):
             return await self.submit(key, work)
         self._tails[key] = caller

@@ -115,6 +115,9 @@ class TtrpcServer:
         self._decoder = FrameDecoder()
         self._last_stream = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        # The loop the requests run on, looked up at the first one: each look at the running loop
+        # is a getpid(2) on Python 3.11, on the path of every request.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def feed(self, data: bytes) -> None:
         for frame in self._decoder.feed(data):
@@ -138,7 +141,9 @@ class TtrpcServer:
             self._fail(frame.stream_id, StatusCode.UNIMPLEMENTED, f"{request.service}/{request.method}")
             return
         timeout = request.timeout_nano / 1e9 if request.timeout_nano > 0 else None
-        task = asyncio.get_running_loop().create_task(self._answer(frame.stream_id, request, method, timeout))
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        task = self._loop.create_task(self._answer(frame.stream_id, request, method, timeout))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -256,33 +256,43 @@ class NriHooks:
 
     async def _handle(self, event: _Event) -> HookResponse | None:
         """Run the event's hook points; the answer of the one that has an answer (None: nothing to apply)."""
-        points = [point for point in EVENT_POINTS[event.event] if point in self.runner.hook_points]
+        hook_points = self.runner.hook_points
+        points = [point for point in EVENT_POINTS[event.event] if point in hook_points]
         if not points:
             return None
-        pod = self.pods.of(event.pod)
-        container = container_from_nri(event.container, event.resources) if event.container is not None else None
         answer: HookResponse | None = None
         outcome = "error"
         try:
-            async with asyncio.timeout_at(event.deadline):
-                for point in points:
-                    result = await self.runner.run(
-                        point, pod=pod, container=container if point.kind is HookKind.CONTAINER else None
-                    )
-                    if point in _ANSWERED:
-                        answer = result.response
-                    elif point in _POD_ANSWERS:
-                        self._report(event.event, None, pod_response_not_applied(result.response), event.bound)
+            if self.runner.may_suspend(points):
+                async with asyncio.timeout_at(event.deadline()):
+                    answer = await self._run_points(event, points)
+            else:  # every handler runs to its end at once: no deadline could fire (PluginRunner.may_suspend)
+                answer = await self._run_points(event, points)
             outcome = "ok"
         except HookCallFailed as exc:
             outcome = "failed"
             raise RpcError(StatusCode.INTERNAL, f"runtime-hooks: {exc}") from None
         except TimeoutError:
             outcome, answer = "deadline", None
-            log.error("plugins missed NRI's deadline; answered without changes", budget_s=event.budget, **event.bound)
+            budget = round(event.budget, 3)
+            log.error("plugins missed NRI's deadline; answered without changes", budget_s=budget, **event.bound)
         finally:
             seconds = time.perf_counter() - event.arrived
             after_answer(lambda: self._handled(event, points, outcome, seconds))
+        return answer
+
+    async def _run_points(self, event: _Event, points: Sequence[HookPoint]) -> HookResponse | None:
+        """Run ``points`` in turn for the event's pod and container; the answer of the one that has one."""
+        pod = self.pods.of(event.pod)
+        container = container_from_nri(event.container, event.resources) if event.container is not None else None
+        answer: HookResponse | None = None
+        for point in points:
+            given = container if point.kind is HookKind.CONTAINER else None
+            result = await self.runner.run(point, pod=pod, container=given)
+            if point in _ANSWERED:
+                answer = result.response
+            elif point in _POD_ANSWERS:
+                self._report(event.event, None, pod_response_not_applied(result.response), event.bound)
         return answer
 
     def _handled(self, event: _Event, points: Sequence[HookPoint], outcome: str, seconds: float) -> None:
@@ -354,14 +364,16 @@ class _Event:
     container: Any | None
     resources: Any | None
     arrived: float  # time.perf_counter()
-    deadline: float  # the loop's clock
-    budget: float
+    budget: float  # seconds from arrival
 
     @classmethod
     def of(cls, event: int, pod: Any, container: Any | None, timeout: float | None, resources: Any = None) -> _Event:
-        budget = _budget(timeout)
-        deadline = asyncio.get_running_loop().time() + budget
-        return cls(event, pod, container, resources, time.perf_counter(), deadline, round(budget, 3))
+        return cls(event, pod, container, resources, time.perf_counter(), _budget(timeout))
+
+    def deadline(self) -> float:
+        """The end of the budget on the loop's clock (asked only where hooks can wait: each
+        look at the running loop is a getpid(2) on Python 3.11)."""
+        return asyncio.get_running_loop().time() + self.budget - (time.perf_counter() - self.arrived)
 
     @property
     def name(self) -> str:

@@ -320,3 +320,23 @@ async def test_a_reconcile_round_gets_its_plugins_timeout_plus_an_allowance_per_
         assert report.repaired == {"p": 2} and report.failures == []
     else:
         assert [(f.outcome, f.reason) for f in report.failures] == [("timeout", "no answer within 0.01s")]
+
+
+def test_a_point_may_suspend_when_any_of_its_handlers_can() -> None:
+    quick = Plugin("quick", version="1")
+    waits = Plugin("waits", version="1")
+
+    @quick.on(CREATE, HookPoint.PRE_RUN_POD_SANDBOX)
+    async def at_once(**kwargs: Any) -> None:
+        return None
+
+    @waits.on(CREATE)
+    async def later(**kwargs: Any) -> None:
+        await asyncio.sleep(0)
+
+    run = runner(quick, waits)
+    assert run.may_suspend([CREATE]) and run.may_suspend([HookPoint.PRE_RUN_POD_SANDBOX, CREATE])
+    assert not run.may_suspend([HookPoint.PRE_RUN_POD_SANDBOX])
+    run.disable("waits")
+    assert not run.may_suspend([CREATE])  # follows the enabled plugins
+    assert not runner(quick).may_suspend([HookPoint.POST_START_CONTAINER])  # no handler there at all
