@@ -23,6 +23,9 @@ The plugin of ``go`` and ``nri`` is started for its block and stopped after it. 
   syscall alike in both plugins: compare the two, not the absolute figures);
 * **pod start**: RunPodSandbox + CreateContainer + StartContainer as the CRI client sees them,
   mean ratio to ``none`` and ``proxy`` against ``go``;
+* **CPU per pod**: the CPU time the plugin's process spent over its block (all its threads, from
+  ``/proc/<pid>/task/*/schedstat``: nanoseconds, not clock ticks), per pod; for ``proxy`` the
+  runtime-hooks and runtime-proxy processes of its blocks. Strace does not touch these blocks;
 * **RSS** of the plugin at the end of its block and **start to registered**: from spawning the
   plugin to containerd's "synchronizing plugin" log line for it.
 
@@ -59,6 +62,8 @@ TARGETS = ("none", "go", "nri", "proxy")
 PLUGINS = ("go", "nri")
 EVENTS = ("RunPodSandbox", "CreateContainer", "PostStartContainer")
 PLUGIN_INDEX = "50"
+#: The processes whose CPU per pod is reported: the plugin of go and nri, both daemons of proxy.
+CPU_ROWS = ("go", "nri", "proxy: runtime-hooks", "proxy: runtime-proxy")
 STATE_EVENTS = {nri_pb.RUN_POD_SANDBOX: "RunPodSandbox", nri_pb.POST_START_CONTAINER: "PostStartContainer"}
 
 
@@ -95,6 +100,24 @@ def registered_at(bed: Containerd, name: str, after: float, timeout: float = 20.
                     return stamp
         time.sleep(0.01)
     raise SystemExit(f"plugin {name} did not register within {timeout:g}s")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of ``pid`` so far, all its threads (schedstat's first field, in ns). A thread that
+    ended takes its time along: the plugins here keep theirs for the whole block."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+@contextlib.contextmanager
+def cpu_per_pod(pid: int, pods: int, into: list[float]) -> Iterator[None]:
+    """Add the CPU milliseconds per pod that ``pid`` spends in the block to ``into``."""
+    before = cpu_seconds(pid)
+    yield
+    into.append((cpu_seconds(pid) - before) * 1e3 / pods)
 
 
 def rss_mib(pid: int) -> float:
@@ -245,6 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pods: dict[str, list[list[tuple[str, list[float]]]]] = {target: [] for target in TARGETS}
     plugin: dict[str, dict[str, list[float]]] = {t: {"registered_s": [], "rss_mib": []} for t in PLUGINS}
     inside: dict[str, list[dict[str, list[float]]]] = {t: [] for t in PLUGINS}
+    cpu: dict[str, list[float]] = {t: [] for t in CPU_ROWS}
     try:
         bed.start()
         config_dir = work / "hookserver.d"
@@ -271,16 +295,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             daemon(work, "hooks-proxy", proxy_hooks),
         ):
             time.sleep(1.0)  # the probes register, the proxy picks the hook server's registration up
+            hooks_pid, proxy_pid = _pid_of(work / "hooks.sock"), _pid_of(work / "proxy.sock")
             pods_block(bed, bed.address, 2)  # warm-up: images, page cache
             for number in range(args.rounds):
                 order = TARGETS[number % len(TARGETS) :] + TARGETS[: number % len(TARGETS)]
                 for target in order:
                     if target in PLUGINS:
-                        with plugin_under_test(target, binary, bed, work, plugin[target]):
+                        with (
+                            plugin_under_test(target, binary, bed, work, plugin[target]) as pid,
+                            cpu_per_pod(pid, args.pods, cpu[target]),
+                        ):
                             pods[target].append(pods_block(bed, bed.address, args.pods))
+                    elif target == "proxy":
+                        with (
+                            cpu_per_pod(hooks_pid, args.pods, cpu["proxy: runtime-hooks"]),
+                            cpu_per_pod(proxy_pid, args.pods, cpu["proxy: runtime-proxy"]),
+                        ):
+                            pods[target].append(pods_block(bed, f"unix://{work / 'proxy.sock'}", args.pods))
                     else:
-                        endpoint = f"unix://{work / 'proxy.sock'}" if target == "proxy" else bed.address
-                        pods[target].append(pods_block(bed, endpoint, args.pods))
+                        pods[target].append(pods_block(bed, bed.address, args.pods))
                 for target in PLUGINS if args.traced else ():
                     trace = work / f"trace-{target}-{number}.txt"
                     record: dict[str, list[float]] = {"registered_s": [], "rss_mib": []}  # not the traced ones
@@ -293,7 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             bed.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    return summarize(pods, probes, plugin, inside)
+    return summarize(pods, probes, plugin, inside, cpu)
 
 
 def _spread(rounds: list[float]) -> dict[str, float]:
@@ -309,9 +342,13 @@ def summarize(
     probes: tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]],
     plugin: dict[str, dict[str, list[float]]],
     inside: dict[str, list[dict[str, list[float]]]],
+    cpu: dict[str, list[float]] | None = None,
 ) -> dict[str, Any]:
     first, last = probes
-    result: dict[str, Any] = {"added_ms": {}, "inside_ms": {}, "pod_start": {}, "plugin": {}}
+    result: dict[str, Any] = {"added_ms": {}, "inside_ms": {}, "pod_start": {}, "plugin": {}, "cpu_ms_per_pod": {}}
+    for row_name, blocks in (cpu or {}).items():
+        if blocks:
+            result["cpu_ms_per_pod"][row_name] = {"mean": statistics.mean(blocks), "rounds": _spread(blocks)}
     between: dict[str, dict[str, list[list[float]]]] = {}
     for target, rounds in pods.items():
         between[target] = {event: [] for event in EVENTS}
@@ -401,6 +438,10 @@ def render(result: dict[str, Any]) -> str:
             f"| {target} | {row['pods']} | {row['p50_ms']:.1f} ms | {row['mean_ms']:.1f} ms | "
             f"{row['vs_none']:.3f}x ({spread['min']:.3f}..{spread['max']:.3f}) | {row['vs_go']:.3f}x |"
         )
+    lines += ["", "| process | CPU per pod (mean of the blocks) |", "|---|---|"]
+    for row_name, row in result.get("cpu_ms_per_pod", {}).items():
+        spread = row["rounds"]
+        lines.append(f"| {row_name} | {row['mean']:.2f} ms ({spread['min']:.2f}..{spread['max']:.2f}) |")
     lines += ["", "| plugin | RSS after its block | start to registered, p50 |", "|---|---|---|"]
     for target, row in result["plugin"].items():
         rss, reg = row["rss_spread"], row["registered_spread"]
