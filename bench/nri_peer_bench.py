@@ -18,9 +18,10 @@ The plugin of ``go`` and ``nri`` is started for its block and stopped after it. 
 * **added time per event**: for each pod and event, the probe at 99 minus the probe at 01 (the
   time containerd spends on the plugins between them), p50 per target, and minus ``none``'s p50;
 * **inside the plugin**: in extra ``--traced`` pods per round the plugin runs under
-  ``strace -ttt -T -e read,write,readv,writev``; for each event, from the end of the read that
-  completes it on the NRI socket to the start of the write of its answer (strace slows every
-  syscall alike in both plugins: compare the two, not the absolute figures);
+  ``strace -f -ttt -T``; for each event, from the end of the read that completes it on the NRI
+  socket to the start of the write of its answer (strace slows every syscall alike in both
+  plugins: compare the two, not the absolute figures), and the file calls (opens, stats, mkdirs:
+  the cgroupfs and /proc work) the plugin made in between;
 * **pod start**: RunPodSandbox + CreateContainer + StartContainer as the CRI client sees them,
   mean ratio to ``none`` and ``proxy`` against ``go``;
 * **CPU per pod**: the CPU time the plugin's process spent over its block (all its threads, from
@@ -45,7 +46,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -200,12 +201,51 @@ def _event_of(data: bytes) -> str | None:
     return STATE_EVENTS.get(rest[at + 1]) if 0 <= at < len(rest) - 1 else None
 
 
-def inside_times(trace: Path) -> dict[str, list[float]]:
-    """Per event: from the end of the read completing it to the start of the answer's write, same fd."""
+#: System calls on a file path or below a directory fd: the plugins' cgroupfs and /proc work (an
+#: unfinished call counts at its start; its "resumed" line does not match).
+_FILE_CALL = re.compile(
+    r"^(?:\d+\s+)?[\d.]+ (?:openat|open|newfstatat|statx|stat|lstat|access|faccessat2?|mkdir|mkdirat|"
+    r"readlinkat|readlink|unlinkat|rmdir)\("
+)
+
+
+_UNFINISHED = re.compile(r"^(\d+)\s+(.*) <unfinished \.\.\.>$")
+_RESUMED = re.compile(r"^(\d+)\s+[\d.]+ <\.\.\. \w+ resumed>(.*)$")
+
+
+def _whole_calls(lines: Iterable[str]) -> Iterator[str]:
+    """strace -f's lines with each call another thread interrupted joined again: its start
+    ("<unfinished ...>", with the time it began) and its end ("<... read resumed>") as one line."""
+    started: dict[str, str] = {}
+    for line in lines:
+        line = line.strip()
+        if (unfinished := _UNFINISHED.match(line)) is not None:
+            started[unfinished.group(1)] = unfinished.group(2)
+        elif (resumed := _RESUMED.match(line)) is not None:
+            begun = started.pop(resumed.group(1), None)
+            if begun is not None:
+                yield f"{resumed.group(1)} {begun}{resumed.group(2)}"
+        else:
+            yield line
+
+
+def inside_times(trace: Path) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """:func:`inside_of` the strace output file ``trace``."""
+    return inside_of(trace.read_text(errors="replace").splitlines())
+
+
+def inside_of(lines: Iterable[str]) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Per event: from the end of the read completing it to the start of the answer's write, same
+    fd; and how many file calls (_FILE_CALL) the plugin's threads made in between."""
     found: dict[str, list[float]] = {}
-    waiting: dict[int, tuple[str, float]] = {}
-    for line in trace.read_text(errors="replace").splitlines():
-        match = _SYSCALL.match(line.strip())
+    calls: dict[str, list[int]] = {}
+    waiting: dict[int, tuple[str, float, list[int]]] = {}
+    for line in _whole_calls(lines):
+        if waiting and _FILE_CALL.match(line):
+            for _, _, count in waiting.values():
+                count[0] += 1
+            continue
+        match = _SYSCALL.match(line)
         if not match:
             continue
         start, call, fd, rest, result, took = match.groups()
@@ -214,11 +254,12 @@ def inside_times(trace: Path) -> dict[str, list[float]]:
         if call.startswith("read"):
             event = _event_of(_bytes_of(rest))
             if event is not None:
-                waiting[int(fd)] = (event, float(start) + float(took))
+                waiting[int(fd)] = (event, float(start) + float(took), [0])
         elif int(fd) in waiting:
-            event, read_end = waiting.pop(int(fd))
+            event, read_end, count = waiting.pop(int(fd))
             found.setdefault(event, []).append(float(start) - read_end)
-    return found
+            calls.setdefault(event, []).append(count[0])
+    return found, calls
 
 
 @contextlib.contextmanager
@@ -232,8 +273,6 @@ def traced(pid: int, out: Path) -> Iterator[None]:
             "-xx",
             "-s",
             "160",
-            "-e",
-            "trace=read,write,readv,writev",
             "-o",
             str(out),
             "-p",
@@ -269,6 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plugin: dict[str, dict[str, list[float]]] = {t: {"registered_s": [], "rss_mib": []} for t in PLUGINS}
     inside: dict[str, list[dict[str, list[float]]]] = {t: [] for t in PLUGINS}
     cpu: dict[str, list[float]] = {t: [] for t in CPU_ROWS}
+    inside_calls: dict[str, list[dict[str, list[int]]]] = {t: [] for t in PLUGINS}
     try:
         bed.start()
         config_dir = work / "hookserver.d"
@@ -319,14 +359,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     record: dict[str, list[float]] = {"registered_s": [], "rss_mib": []}  # not the traced ones
                     with plugin_under_test(target, binary, bed, work, record) as pid, traced(pid, trace):
                         pods_block(bed, bed.address, args.traced)
-                    inside[target].append(inside_times(trace))
+                    times, file_calls = inside_times(trace)
+                    inside[target].append(times)
+                    inside_calls[target].append(file_calls)
         probes = (probe_times(first), probe_times(last))
     finally:
         with contextlib.suppress(Exception):
             bed.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    return summarize(pods, probes, plugin, inside, cpu)
+    return summarize(pods, probes, plugin, inside, cpu, inside_calls)
 
 
 def _spread(rounds: list[float]) -> dict[str, float]:
@@ -343,6 +385,7 @@ def summarize(
     plugin: dict[str, dict[str, list[float]]],
     inside: dict[str, list[dict[str, list[float]]]],
     cpu: dict[str, list[float]] | None = None,
+    inside_calls: dict[str, list[dict[str, list[int]]]] | None = None,
 ) -> dict[str, Any]:
     first, last = probes
     result: dict[str, Any] = {"added_ms": {}, "inside_ms": {}, "pod_start": {}, "plugin": {}, "cpu_ms_per_pod": {}}
@@ -380,7 +423,13 @@ def summarize(
         for event in EVENTS:
             per_round = [_p50(r.get(event, [])) * 1e3 for r in inside[target] if r.get(event)]
             pooled = [t for r in inside[target] for t in r.get(event, [])]
-            row[event] = {"p50": _p50(pooled) * 1e3, "count": len(pooled), "rounds": _spread(per_round)}
+            file_calls = [float(n) for r in (inside_calls or {}).get(target, []) for n in r.get(event, [])]
+            row[event] = {
+                "p50": _p50(pooled) * 1e3,
+                "count": len(pooled),
+                "rounds": _spread(per_round),
+                "file_calls_p50": _p50(file_calls),
+            }
         result["inside_ms"][target] = row
     none_mean = statistics.mean(sum(calls) for block in pods["none"] for _, calls in block)
     go_mean = statistics.mean(sum(calls) for block in pods["go"] for _, calls in block)
@@ -422,12 +471,15 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"| {target} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| inside the plugin, p50 (read to answer's write, under strace) | " + " | ".join(EVENTS) + " |",
+        "| inside the plugin, p50 (read to answer's write, under strace; file calls in between) | "
+        + " | ".join(EVENTS)
+        + " |",
         "|---|" + "---|" * len(EVENTS),
     ]
     for target, row in result["inside_ms"].items():
         cells = [
-            f"{r['p50']:.3f} ms ({r['rounds'].get('min', 0):.3f}..{r['rounds'].get('max', 0):.3f}, n={r['count']})"
+            f"{r['p50']:.3f} ms ({r['rounds'].get('min', 0):.3f}..{r['rounds'].get('max', 0):.3f}, n={r['count']}); "
+            f"{r.get('file_calls_p50', float('nan')):.0f} file calls"
             for r in row.values()
         ]
         lines.append(f"| {target} | " + " | ".join(cells) + " |")
