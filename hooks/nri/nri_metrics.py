@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from runtimeproxy.common.metrics_export import DURATION_BUCKETS
+from runtimeproxy.common.metrics_export import CallCollector, CallFamilies
 
 __all__ = ["NriMetrics"]
+
+_EVENT_FAMILIES = CallFamilies(
+    "runtimehooks_nri_events",
+    "NRI events handled, by outcome",
+    "runtimehooks_nri_event_duration_seconds",
+    "Time from an NRI event's arrival to its answer",
+    ("event",),
+    "outcome",
+)
+
+
+def _event_labels(event: str) -> tuple[str]:
+    return (event,)
+
+
+def _outcome(outcome: str) -> str:
+    return outcome
 
 
 class NriMetrics:
@@ -18,16 +35,9 @@ class NriMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         registry = registry if registry is not None else REGISTRY
-        self.events = Counter(
-            "runtimehooks_nri_events_total", "NRI events handled, by outcome", ("event", "outcome"), registry=registry
-        )
-        self.duration = Histogram(
-            "runtimehooks_nri_event_duration_seconds",
-            "Time from an NRI event's arrival to its answer",
-            ("event",),
-            buckets=DURATION_BUCKETS,
-            registry=registry,
-        )
+        # Recorded for every event: the lock-free collector the runner's plugin calls use, not
+        # prometheus_client's Counter and Histogram (a lock and a label lookup per increment).
+        self.events: CallCollector[str, str] = CallCollector(registry, _EVENT_FAMILIES, _event_labels, _outcome)
         self.connected = Gauge(
             "runtimehooks_nri_connected", "1 while registered with the runtime's NRI", registry=registry
         )
@@ -39,5 +49,4 @@ class NriMetrics:
         )
 
     def record(self, event: str, outcome: str, seconds: float) -> None:
-        self.events.labels(event=event, outcome=outcome).inc()
-        self.duration.labels(event=event).observe(seconds)
+        self.events.record(event, outcome, seconds)
