@@ -50,6 +50,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
+from runtimeproxy.common import logs
 from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
 from ..changes import HookResponse
@@ -75,7 +76,8 @@ from .sync_parts import SyncParts
 
 __all__ = ["DEFAULT_REQUEST_TIMEOUT", "PLUGIN_SERVICE", "RUNTIME_SERVICE", "NriHooks", "SyncCallback"]
 
-log = structlog.get_logger("runtimeproxy.hooks.nri")
+LOGGER: Final = "runtimeproxy.hooks.nri"
+log = structlog.get_logger(LOGGER)
 
 PLUGIN_SERVICE: Final = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE: Final = "nri.pkg.api.v1alpha1.Runtime"
@@ -298,7 +300,7 @@ class NriHooks:
     def _handled(self, event: _Event, points: Sequence[HookPoint], outcome: str, seconds: float) -> None:
         """An event's metrics and log line: once it is answered (hooks/nri/rpc.py after_answer)."""
         self.metrics.record(event.name, outcome, seconds)
-        log.info(
+        logs.cached_logger(LOGGER).info(  # one line per event: not a logger assembled per line
             "NRI event handled",
             hooks=[p.value for p in points],
             outcome=outcome,
