@@ -15,7 +15,11 @@ loop closed with lines collected in its last turn leaves them for the next write
 
 A server whose caller waits for its answer takes :func:`hold` while it answers: collected lines
 are then written after the answer, not in the loop turns before it (the caller's wait does not
-include our logging). Lines wait at most as long as the longest answer held.
+include our logging). Lines wait at most as long as the longest answer held. Meanwhile they are
+not even rendered: the renderer (JSON or console) runs when they are written, on the event dict
+as it was logged (its timestamp included), so a value logged must not be changed afterwards.
+Error/critical lines and lines with ``exc_info`` (whose traceback is the one being handled) are
+rendered at once.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ _min_level = logging.INFO
 
 
 _lock = threading.Lock()  # one write at a time, so lines never interleave or change order
-_pending: list[str] = []  # whole lines ("...\n") collected on loop threads, oldest first
+_pending: list[str | _Unrendered] = []  # lines collected on loop threads, oldest first ("...\n" when rendered)
 _armed: set[asyncio.AbstractEventLoop] = set()  # loops with a flush scheduled and not yet run
 _running_loop = asyncio._get_running_loop  # the C lookup asyncio.get_running_loop uses, minus the raise
 _holds = 0  # answers in flight that write their answer before the collected lines (hold())
@@ -85,14 +89,52 @@ def _write(text: str) -> None:
 
 
 def _take_pending() -> str:
-    """Everything collected, as one string (caller holds _lock). Scheduled flushes left behind
-    then find nothing to write: an extra callback, never a lost line."""
+    """Everything collected, as one string (caller holds _lock), lines held unrendered rendered now.
+    Scheduled flushes left behind then find nothing to write: an extra callback, never a lost line."""
     if not _pending:
         return ""
-    text = "".join(_pending)
+    text = "".join(line if isinstance(line, str) else line.rendered() for line in _pending)
     _pending.clear()
     _armed.clear()
     return text
+
+
+class _Unrendered:
+    """A line logged while an answer is held, kept as its event dict until it is written."""
+
+    __slots__ = ("event_dict", "logger", "method", "renderer")
+
+    def __init__(self, renderer: Processor, logger: WrappedLogger, method: str, event_dict: EventDict) -> None:
+        self.renderer = renderer
+        self.logger = logger
+        self.method = method
+        self.event_dict = event_dict
+
+    def rendered(self) -> str:
+        """The line, rendered now, with its newline."""
+        text = self.renderer(self.logger, self.method, self.event_dict)
+        return (text if isinstance(text, str) else repr(text)) + "\n"  # the renderers here give str
+
+
+def _line(message: str | _Unrendered) -> str:
+    return message + "\n" if isinstance(message, str) else message.rendered()
+
+
+class _RenderWhenWritten:
+    """The chain's renderer, run when the line is written if that is after a held answer (module
+    doc): until then the logger gets the line unrendered."""
+
+    def __init__(self, renderer: Processor) -> None:
+        self.renderer = renderer
+
+    def __call__(self, logger: WrappedLogger, method: str, event_dict: EventDict) -> Any:
+        if not _holds or "exc_info" in event_dict or event_dict.get("level") in _RENDERED_AT_ONCE:
+            return self.renderer(logger, method, event_dict)
+        return (_Unrendered(self.renderer, logger, method, event_dict),), {}
+
+
+# Written at once (_StdoutLogger.now), so rendered at once.
+_RENDERED_AT_ONCE = frozenset({"error", "critical", "exception", "fatal"})
 
 
 def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
@@ -171,22 +213,22 @@ class _StdoutLogger:
     def __init__(self, name: str = "") -> None:
         self.name = name
 
-    def msg(self, message: str) -> None:
+    def msg(self, message: str | _Unrendered) -> None:
         loop = _running_loop()
         if loop is None:  # not on a loop thread: nothing would flush a collected line
             self.now(message)
             return
         with _lock:
-            _pending.append(message + "\n")
+            _pending.append(message + "\n" if isinstance(message, str) else message)
             if loop in _armed:
                 return
             _armed.add(loop)
         loop.call_soon(_flush_turn, loop)
 
-    def now(self, message: str) -> None:
+    def now(self, message: str | _Unrendered) -> None:
         """Write the line at once, after (and in the same write as) what was collected."""
         with _lock:
-            _write(_take_pending() + message + "\n")
+            _write(_take_pending() + _line(message))
 
     debug = info = warning = warn = log = msg
     error = critical = fatal = exception = now
@@ -291,8 +333,8 @@ def _processors(fmt: str) -> list[Processor]:
     ]
     if fmt == "console":
         # ConsoleRenderer formats exc_info itself (and warns if it was pre-formatted).
-        return [*shared, structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())]
-    return [*shared, _PriorityJSONRenderer()]  # it formats exc_info itself
+        return [*shared, _RenderWhenWritten(structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty()))]
+    return [*shared, _RenderWhenWritten(_PriorityJSONRenderer())]  # it formats exc_info itself
 
 
 def configure_logging(level: str = "info", fmt: str = "json") -> None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -240,6 +243,57 @@ def test_error_lines_are_not_held(out: Recorder) -> None:
         log.info("a")
         log.error("b")
         assert out.events() == [["a", "b"]]
+        release()
+
+    with out.installed():
+        asyncio.run(main())
+
+
+class Shown:
+    """A value JSON has no type for: the renderer shows its repr, and here counts how often it did."""
+
+    def __init__(self) -> None:
+        self.shown = 0
+
+    def __repr__(self) -> str:
+        self.shown += 1
+        return "shown"
+
+
+def test_held_lines_are_rendered_when_written_with_the_time_they_were_logged(out: Recorder) -> None:
+    value = Shown()
+
+    async def main() -> None:
+        release = logs.hold()
+        log.info("a", value=value)
+        logged = time.time()
+        await asyncio.sleep(0.05)
+        assert value.shown == 0  # not rendered while the answer is in flight
+        release()
+        assert value.shown == 1
+        line = json.loads(out.writes[0].split(">", 1)[1])
+        stamp = datetime.datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00")).timestamp()
+        assert line["value"] == "shown" and line["level"] == "info"
+        assert stamp <= logged  # stamped when logged, not when written
+
+    with out.installed():
+        asyncio.run(main())
+
+
+def test_a_line_logged_with_a_traceback_is_rendered_at_once_and_keeps_the_order(out: Recorder) -> None:
+    value = Shown()
+
+    async def main() -> None:
+        release = logs.hold()
+        log.info("a", value=value)
+        try:
+            raise KeyError("gone")
+        except KeyError:
+            log.warning("b", exc_info=True)  # its traceback is the one being handled: rendered now
+        log.error("c")  # written at once, after the held lines, which are rendered for it
+        assert value.shown == 1
+        assert out.events() == [["a", "b", "c"]]
+        assert "KeyError: 'gone'" in out.writes[0]
         release()
 
     with out.installed():
