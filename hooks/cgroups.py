@@ -58,8 +58,9 @@ A helper for a file the kernel does not have (``cpu.cfs_burst_us`` before Linux 
 ask :meth:`CgroupFS.has_file` first to skip quietly, or read with :meth:`CgroupFS.read_if_exists`
 (None for such a file: one open instead of an lstat and an open, as kernel file syscalls are most
 of a pod-level hook call's cost). The helpers write first and look why only when a write fails.
-On a cgroup v1 mount a FILES file this kernel lacks is looked for once per handle (``_note_absent``),
-and a new pod's existence is read off the lstat that resolving its path makes (``_is_dir``).
+A FILES file this kernel lacks is looked for once per handle (``_note_absent``; on v2 only where
+its controller is enabled, as only there its absence says anything: ``_lacks_everywhere``), and
+a new pod's existence is read off the lstat that resolving its path makes (``_is_dir``).
 
 **systemd driver.** There systemd owns the pod slices and puts its own values back into them
 (docs/systemd.md). Every successful :meth:`CgroupFS.write` is shown to the handle's
@@ -91,7 +92,7 @@ import structlog
 from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.hookapi.merge_rules import CgroupForm
 
-from .kernel_files import read_bytes
+from .kernel_files import read_bytes, write_bytes
 
 __all__ = [
     "CGROUP_ROOT",
@@ -479,15 +480,25 @@ def _text(data: bytes) -> str:
 _ABSENT: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EISDIR})
 
 
-def _cgroup_mounts() -> frozenset[str]:
-    """The mount points of cgroup v1 hierarchies (/proc/self/mountinfo: the 5th field, and the file
-    system type after " - "); none when it cannot be read."""
+def _mount_points(fstype: str) -> frozenset[str]:
+    """The mount points of file systems of type ``fstype`` (/proc/self/mountinfo: the 5th field, and
+    the file system type after " - "); none when it cannot be read."""
     try:
         lines = read_bytes("/proc/self/mountinfo").decode("utf-8", "replace").splitlines()
     except OSError:
         return frozenset()
     mounts = (line.split() for line in lines)
-    return frozenset(fields[4] for fields in mounts if "-" in fields[:-1] and fields[fields.index("-") + 1] == "cgroup")
+    return frozenset(fields[4] for fields in mounts if "-" in fields[:-1] and fields[fields.index("-") + 1] == fstype)
+
+
+def _cgroup_mounts() -> frozenset[str]:
+    """The mount points of cgroup v1 hierarchies."""
+    return _mount_points("cgroup")
+
+
+def _cgroup2_mounts() -> frozenset[str]:
+    """The mount points of cgroup v2 (unified) hierarchies."""
+    return _mount_points("cgroup2")
 
 
 def _lstat_mode(path: str) -> int | None:
@@ -499,14 +510,9 @@ def _lstat_mode(path: str) -> int | None:
 
 
 def _write_file(path: str | Path, data: bytes) -> None:
-    """``data`` into the existing file ``path`` with one write(2), as the kernel wants for cgroup files."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
-    try:
-        written = os.write(fd, data)
-    finally:
-        os.close(fd)
-    if written != len(data):  # kernfs takes a write whole or fails it; anything else is a surprise
-        raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} bytes", str(path))
+    """``data`` into the existing file ``path`` with one write(2), as the kernel wants for cgroup
+    files; a link is not followed."""
+    write_bytes(path, data, follow=False)
 
 
 @dataclass(frozen=True)
@@ -567,6 +573,7 @@ class CgroupFS:
         self._container_dirs: dict[tuple[str, str, str], str] = {}  # see _container_dir
         self._absent: set[tuple[str, str]] = set()  # (controller, file) this kernel lacks: see _note_absent
         self._fixed: dict[str, bool] = {}  # see _files_fixed
+        self._unified_mount: bool | None = None  # root is a cgroup2 mount: see _lacks_everywhere
         self._seen: tuple[str, int | None] | None = None  # see _is_dir
         self.driver: CgroupDriver = driver
         self.weight_conversion = weight_conversion  # the node's OCI runtime's, on cgroup v2
@@ -687,12 +694,29 @@ class CgroupFS:
         names = self.container_dir_names(container_id)
         for name in names:
             path = os.path.join(pod_dir, name)
-            if os.path.isdir(path):
+            if self._looked_up_dir(path):
                 if len(self._container_dirs) >= _RESOLVED_MAX:
                     self._container_dirs.clear()
                 self._container_dirs[key] = path
                 return path
         return os.path.join(pod_dir, names[0])
+
+    def _looked_up_dir(self, path: str) -> bool:
+        """``os.path.isdir(path)`` for a container's directory, with an lstat that also serves as the
+        resolution the path checks make next (_realpath, and _is_dir's _seen): a directory that is
+        no link resolves to its parent's resolution plus its name, so a new container's cgroup costs
+        one lstat per hierarchy, not a stat and an lstat. A link is left to isdir and _realpath."""
+        mode = _lstat_mode(path)
+        if mode is not None and stat.S_ISLNK(mode):
+            return os.path.isdir(path)
+        parent, name = _split(path)
+        if path.startswith("/") and name not in ("", ".", ".."):  # as _realpath takes a plain path
+            real = _joined(self._realpath(parent), name)
+            if len(self._resolved) >= _RESOLVED_MAX:
+                self._resolved.clear()
+            self._resolved[path] = real
+            self._seen = (path, mode)
+        return mode is not None and stat.S_ISDIR(mode)
 
     def _real_hierarchy(self, controller: str) -> str:
         # Like the root's, a hierarchy root's resolution does not change while the server runs.
@@ -819,16 +843,43 @@ class CgroupFS:
         self, exc: OSError, controller: str, file: str, path: str, parent: str, container_id: str | None
     ) -> None:
         """Remember that this kernel lacks ``file`` (a FILES one) when a pod's or container's existing
-        cgroup has none where its controller's files are fixed (_files_fixed): every later probe of it
-        (a kernel feature such as cpu.bvt_warp_ns, memory.wmark_*) would find none either."""
+        cgroup has none where that proves it (_lacks_everywhere): every later probe of it (a kernel
+        feature such as cpu.bvt_warp_ns, cpu.idle, memory.wmark_*) would find none either."""
         if (
             exc.errno == errno.ENOENT
             and file in _VALUE_FILES
             and (container_id is not None or parent_path(parent))  # the root cgroup lacks some files
-            and self._files_fixed(controller)
-            and os.path.isdir(os.path.dirname(path))
+            and self._lacks_everywhere(controller, file, os.path.dirname(path))
         ):
             self._absent.add((controller, file))
+
+    def _lacks_everywhere(self, controller: str, file: str, directory: str) -> bool:
+        """Whether ``file`` missing from the non-root cgroup ``directory`` means no cgroup has it.
+
+        A controller's interface files are the kernel's (its cftypes; the controllers of FILES are
+        built in, no module adds files). On a v1 mount every cgroup of a hierarchy gets all of them
+        (_files_fixed), so an existing cgroup without the file settles it. On v2 a cgroup has a
+        controller's files only while the controller is enabled for it (listed in its
+        cgroup.controllers, cgroup-v2.rst "Enabling and Disabling"), so a file can be missing just
+        because its controller is off in that subtree: only a cgroup that lists the controller (the
+        file name's prefix) settles it, and one that does not proves nothing. Neither holds in a tree
+        of plain files (a test's), where files come and go."""
+        if self.version is CgroupVersion.V1:
+            return self._files_fixed(controller) and os.path.isdir(directory)
+        if self._unified_mount is None:
+            self._unified_mount = self._real_root() in _cgroup2_mounts()
+        if not self._unified_mount:
+            return False
+        try:
+            enabled = read_bytes(_joined(directory, "cgroup.controllers"), follow=False, one_record=True).split()
+        except OSError:  # no such cgroup (any more): nothing learnt
+            return False
+        return file.partition(".")[0].encode() in enabled
+
+    def lacks(self, controller: str, file: str) -> bool:
+        """Whether this kernel is known to lack ``file`` in ``controller``'s cgroups (learnt when a
+        probe missed it; see _note_absent): a caller may leave it out without building a path."""
+        return (controller, file) in self._absent
 
     def _files_fixed(self, controller: str) -> bool:
         """Whether every non-root cgroup of ``controller`` has the same files while the server runs: on a

@@ -1,20 +1,25 @@
-"""Reading a kernel file (cgroupfs, resctrl) whole, with plain read(2)s.
+"""Reading a kernel file (cgroupfs, resctrl, /proc) whole with plain read(2)s, and writing one
+with a single write(2).
 
 A Python file object costs an fstat, an ioctl and lseeks more per open, and these files are read
-at every pod and container start.
+and written at every pod and container start.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 
-__all__ = ["read_bytes"]
+__all__ = ["read_bytes", "write_bytes"]
 
 _CHUNK = 65536
 
 
-def read_bytes(path: str | os.PathLike[str], *, follow: bool = True, one_record: bool = False) -> bytes:
+def read_bytes(
+    path: str | os.PathLike[str], *, follow: bool = True, one_record: bool = False, dir_fd: int | None = None
+) -> bytes:
     """The whole content of ``path``. With ``follow=False`` a link is not followed (OSError ELOOP).
+    A relative ``path`` is taken below the directory open as ``dir_fd`` when given (openat(2)).
     OSError if it cannot be opened or read.
 
     ``one_record``: the file is one record to the kernel (a cgroup setting's value, not a list such
@@ -23,7 +28,7 @@ def read_bytes(path: str | os.PathLike[str], *, follow: bool = True, one_record:
     ends after the first record; fs/seq_file.c grows its buffer until that record fits); a regular
     file reads short only at its end.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW), dir_fd=dir_fd)
     try:
         first = os.read(fd, _CHUNK) if one_record else b""
         if one_record and len(first) < _CHUNK:
@@ -34,3 +39,17 @@ def read_bytes(path: str | os.PathLike[str], *, follow: bool = True, one_record:
     finally:
         os.close(fd)
     return b"".join(chunks)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes, *, follow: bool = True, dir_fd: int | None = None) -> None:
+    """``data`` into the existing file ``path`` (truncated, never created) with one write(2), as the
+    kernel wants for cgroup and /proc settings; ``follow`` and ``dir_fd`` as read_bytes takes them.
+    Such a file takes a write whole or fails it: a short write is OSError EIO."""
+    flags = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    try:
+        written = os.write(fd, data)
+    finally:
+        os.close(fd)
+    if written != len(data):
+        raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} bytes", str(path))

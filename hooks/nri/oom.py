@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from ..kernel_files import read_bytes, write_bytes
 from .membership import ContainerCgroup
 
 __all__ = ["OOM_SCORE_ADJ_MAX", "OOM_SCORE_ADJ_MIN", "OomApplied", "OomNotApplied", "OomScores", "adjusted_score"]
@@ -125,7 +125,8 @@ def _raise_score(process: Path, container_id: str, cgroup: ContainerCgroup, targ
     """The OOM score of the process at ``process`` (its /proc directory), raised to ``target`` when
     lower; OomNotApplied when the process is not in ``cgroup``. Every file is opened below that
     directory: once the process exits it stays that process's (ENOENT, ESRCH), even when its pid
-    is given to another."""
+    is given to another. Plain open/read/write(2)s: a file object costs an fstat, an ioctl and
+    lseeks more per open (kernel_files)."""
     pid = process.name
     directory = os.open(process, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -136,21 +137,18 @@ def _raise_score(process: Path, container_id: str, cgroup: ContainerCgroup, targ
             )
         current = _parse(_read(directory, "oom_score_adj"), pid)
         if current < target:
-            with open("oom_score_adj", "w", encoding="ascii", opener=_below(directory)) as file:
-                file.write(f"{target}\n")
+            # One write(2); the kernel takes an oom_score_adj write whole or fails it (oom_score_adj_write).
+            write_bytes("oom_score_adj", f"{target}\n".encode("ascii"), dir_fd=directory)
         return current
     finally:
         os.close(directory)
 
 
-def _below(directory: int) -> Callable[[str, int], int]:
-    """An ``open`` opener for names in the directory open as ``directory``."""
-    return lambda name, flags: os.open(name, flags | os.O_CLOEXEC, dir_fd=directory)
-
-
 def _read(directory: int, name: str) -> str:
-    with open(name, encoding="utf-8", errors="replace", opener=_below(directory)) as file:
-        return file.read()
+    """The file ``name`` below ``directory``. Both files are one record to the kernel, shown by one
+    read(2): ``cgroup`` is a single_open seq_file (fs/proc/base.c proc_cgroup_show), and
+    ``oom_score_adj`` is formatted into a buffer and copied out whole (oom_score_adj_read)."""
+    return read_bytes(name, one_record=True, dir_fd=directory).decode("utf-8", errors="replace")
 
 
 def _parse(text: str, pid: str) -> int:

@@ -78,8 +78,9 @@ PreUpdateContainerResources (the runtime writes it):
 
 The computations are pure (:func:`plan_pod`, :func:`plan_container`, and the arithmetic
 below) so that ``runtime-hooks explain`` can show a plan without touching the node; the
-``apply_*`` functions do the I/O, always reading a value before writing it and writing
-only what differs.
+``apply_*`` functions do the I/O, reading a value before writing it and writing only what
+differs, except at PreRunPodSandbox, where the batch quota (cgroup v1) and shares are written
+without being read: a read there could only spare rewriting an equal value (``_plan_and_apply``).
 """
 
 from __future__ import annotations
@@ -481,6 +482,9 @@ def plan_container(
 #: The period of a ``quota_now`` whose period was not read (no period is 0): apply_pod_plan looks at
 #: the period only for a plan that sets a quota, so _plan_and_apply reads it only then.
 _PERIOD_UNREAD: Final = 0
+#: The quota of a ``quota_now`` whose quota was not read (a read quota is -1 or above 0): any quota a
+#: plan sets differs from it, so it is written (see _plan_and_apply's ``at_start``).
+_QUOTA_UNREAD: Final = 0
 
 
 def _to_int(text: str) -> int | None:
@@ -496,9 +500,10 @@ def _quota_and_period(fs: CgroupFS, parent: str, container_id: str | None = None
 
 
 def _current_quota(fs: CgroupFS, parent: str, container_id: str | None = None) -> int | None:
-    """The cgroup's quota now (-1 unlimited); None where it cannot be read."""
+    """The cgroup's quota now (-1 unlimited); None where it cannot be read. v1's period file is not
+    read: the quota alone is asked for."""
     try:
-        now = _quota_and_period(fs, parent, container_id)
+        now = fs.cpu_quota_first_if_present(parent, container_id)
     except (OSError, CgroupError, ValueError):
         return None
     return now[0] if now is not None else None
@@ -535,9 +540,17 @@ def _ensure_pod_cgroup(fs: CgroupFS, parent: str, log: Any, *, dry_run: bool, co
     return bool(made), True
 
 
-def _write(what: str, log: Any, action: Any, *args: Any, **kwargs: Any) -> bool:
+def _write(what: str, log: Any, action: Any, *args: Any, present: bool = False, **kwargs: Any) -> bool:
+    """Run the ``fs.set_*`` ``action``; False, logged, when it fails. ``present``: a file the kernel
+    lacks (CgroupUnsupported from the setter) is skipped quietly, as a read of it would have been."""
     try:
         action(*args, **kwargs)
+    except CgroupUnsupported as exc:
+        if not present:
+            log.warning("cgroup write failed", setting=what, error=str(exc))
+        else:
+            log.debug("cgroup file absent; not written", setting=what, error=str(exc))
+        return False
     except (OSError, CgroupError, ValueError) as exc:
         log.warning("cgroup write failed", setting=what, error=str(exc))
         return False
@@ -551,12 +564,15 @@ def apply_pod_plan(
     *,
     quota_now: tuple[int, int] | Literal["unread"] | None = "unread",
     exists: bool | None = None,
+    at_start: bool = False,
 ) -> list[str]:
     """Bring the pod cgroup to ``plan``: read each value, write only those that differ, skip
     files the kernel lacks. The settings written (quota, burst, idle, group_identity).
     ``quota_now``: the (quota, period) the caller has just read (None: no quota file; the period
-    may be _PERIOD_UNREAD for a plan that sets no quota), to save reading it again; "unread": read
-    it here. ``exists``: whether the caller has just seen the pod cgroup (None: look here)."""
+    may be _PERIOD_UNREAD for a plan that sets no quota, the quota _QUOTA_UNREAD for one that
+    sets it), to save reading it again; "unread": read it here. ``exists``: whether the caller
+    has just seen the pod cgroup (None: look here). ``at_start``: the shares are written without
+    being read first (see _plan_and_apply)."""
     parent = plan.cgroup_parent
     if not (fs.exists(parent) if exists is None else exists):
         log.debug("pod cgroup does not exist; nothing applied", cgroup_parent=parent)
@@ -602,13 +618,12 @@ def apply_pod_plan(
     if burst_to is not None and _write("burst", log, fs.set_cpu_burst, parent, burst_to):
         written.append("burst")
 
-    shares_file = fs.file_name("cpu.shares")
-    shares_text = fs.read_if_exists("cpu", shares_file, parent) if plan.cpu_shares is not None else None
-    if plan.cpu_shares is not None and shares_text is not None:
-        # Compared as the file holds it: on v2 a weight, which maps back to other shares.
-        wanted = int(plan.files(fs.version, fs.weight_conversion)[shares_file])
-        if _to_int(shares_text) != wanted and _write("shares", log, fs.set_cpu_shares, parent, plan.cpu_shares):
-            written.append("shares")
+    if (
+        plan.cpu_shares is not None
+        and (at_start or _shares_differ(fs, plan))
+        and _write("shares", log, fs.set_cpu_shares, parent, plan.cpu_shares, present=at_start)
+    ):
+        written.append("shares")
 
     idle_text = fs.read_if_exists("cpu", "cpu.idle", parent) if plan.cpu_idle is not None else None
     if plan.cpu_idle is not None and idle_text is not None:
@@ -624,6 +639,14 @@ def apply_pod_plan(
         ):
             written.append("group_identity")
     return written
+
+
+def _shares_differ(fs: CgroupFS, plan: CpuPodPlan) -> bool:
+    """Whether the pod cgroup's shares file exists and holds other shares than the plan's, compared
+    as the file holds them: on v2 a weight, which maps back to other shares."""
+    shares_file = fs.file_name("cpu.shares")
+    text = fs.read_if_exists("cpu", shares_file, plan.cgroup_parent)
+    return text is not None and _to_int(text) != int(plan.files(fs.version, fs.weight_conversion)[shares_file])
 
 
 def apply_container_burst(
@@ -663,13 +686,28 @@ def _plan_and_apply(
     *,
     exists: bool | None = None,
     group_identity: GroupIdentityChoice | None = None,
+    at_start: bool = False,
 ) -> tuple[CpuPodPlan, list[str]]:
     """Plan the pod cgroup from the quota it has now and apply the plan, reading the quota once
     for both (the plan goes without it when it cannot be read; applying then reads it again
     and raises why). v1's period, a file of its own, is read only for a plan that sets a quota:
     nothing else needs it (a pod start saves an open, a read and a close). ``exists``: as
-    apply_pod_plan's. ``group_identity``: as plan_pod's."""
+    apply_pod_plan's. ``group_identity``: as plan_pod's.
+
+    ``at_start`` (PreRunPodSandbox): the quota and shares a plan sets are written without being
+    read first. There the read could only spare a write of the value the file already holds:
+    the pod cgroup is new (kubelet gave a BestEffort pod no quota and 2 shares, which the batch
+    values replace) or a re-created sandbox's, whose values this plugin set; a write of an equal
+    value changes nothing in the kernel. What protects something is still read: v1's period (a
+    quota is written alone only where the period stays the same) and the burst (lowered before
+    the quota, as the kernel refuses a burst above it). The reconciler reads and compares, as
+    it repairs drift and counts it. On v2 cpu.max holds quota and period: it is read as before."""
     parent = pod.cgroup_parent
+    if at_start and fs.version is CgroupVersion.V1:
+        plan = plan_pod(pod, qos, settings, section, group_identity=group_identity)
+        if plan.cfs_quota is not None:  # then the plan does not depend on the quota the cgroup has
+            period_now = _period_only(fs, parent)
+            return plan, apply_pod_plan(fs, plan, log, quota_now=period_now, exists=exists, at_start=True)
     first: tuple[int, int | None] | Literal["unread"] | None
     try:
         first = fs.cpu_quota_first_if_present(parent)
@@ -689,7 +727,18 @@ def _plan_and_apply(
             quota_now = (first[0], fs.cpu_period(parent))
         except (OSError, CgroupError, ValueError):
             quota_now = "unread"
-    return plan, apply_pod_plan(fs, plan, log, quota_now=quota_now, exists=exists)
+    return plan, apply_pod_plan(fs, plan, log, quota_now=quota_now, exists=exists, at_start=at_start)
+
+
+def _period_only(fs: CgroupFS, parent: str) -> tuple[int, int] | Literal["unread"] | None:
+    """(_QUOTA_UNREAD, the period) of a v1 pod cgroup; None without the period file (no CFS
+    bandwidth: the quota file goes with it); "unread" when it cannot be read (applying reads
+    again and says why)."""
+    try:
+        text = fs.read_if_exists("cpu", fs.file_name("cpu.period"), parent)
+        return None if text is None else (_QUOTA_UNREAD, int(text))
+    except (OSError, CgroupError, ValueError):
+        return "unread"
 
 
 # --- reconciling -----------------------------------------------------------------------------
@@ -771,9 +820,20 @@ async def set_pod_cgroup(
     if choice.problem:
         log.warning("pod CPU QoS annotation refused; the class's group identity applies", reason=choice.problem)
     exists: bool | None = None  # the pod cgroup is looked at once per call
-    if hook is HookPoint.PRE_RUN_POD_SANDBOX:
+    at_start = hook is HookPoint.PRE_RUN_POD_SANDBOX
+    if at_start:
         exists = pod_cgroup_ready(cgroups, pod.cgroup_parent, log, dry_run=dry_run)
-    plan, written = _plan_and_apply(cgroups, pod, qos, settings, section, log, exists=exists, group_identity=choice)
+    plan, written = _plan_and_apply(
+        cgroups,
+        pod,
+        qos,
+        settings,
+        section,
+        log,
+        exists=exists,
+        group_identity=choice,
+        at_start=at_start and not dry_run,  # a dry run shows only the writes that change a value
+    )
     if written:
         log.debug("pod cpu settings applied", settings=written, plan=plan.describe())
 
@@ -819,7 +879,8 @@ async def set_container_burst(
     """Write the container's CFS burst into its cgroup, where the kernel has the file."""
     if not container.id or not pod.cgroup_parent:
         return
-    current = _current_quota(cgroups, pod.cgroup_parent, container.id)
+    # At 0 % the burst is 0 whatever the quota (cfs_burst_us): the quota is read only where it counts.
+    current = _current_quota(cgroups, pod.cgroup_parent, container.id) if settings.cfs_burst_percent else -1
     plan = plan_container(pod, container, qos, settings, section, current_quota=current)
     if plan.cfs_burst is not None:
         apply_container_burst(cgroups, pod.cgroup_parent, container.id, plan.cfs_burst, log, quota_now=current)

@@ -465,11 +465,17 @@ def apply_plan(
     ``exists``: whether the caller has just seen the cgroup (None: look here).
     Raises FileNotFoundError when the cgroup does not exist and CgroupUnsupported when the
     memory controller's files are missing (not enabled for this cgroup); wmark files that
-    the kernel lacks are skipped.
+    the kernel lacks are skipped. A plan left with nothing to write once the files the kernel
+    is known to lack are set aside (CgroupFS.lacks: v1's defaults, whose only files are the
+    wmark ones) writes nothing and looks at no cgroup: a container start saves its lstats.
     """
+    wanted = {
+        name: value for name, value in plan.files().items() if value is not None and not cgroups.lacks("memory", name)
+    }
+    if not wanted:
+        return {}
     if not (cgroups.exists(parent, container_id, "memory") if exists is None else exists):
         raise FileNotFoundError(f"no memory cgroup for {parent!r} {container_id or ''}".strip())
-    wanted = {name: value for name, value in plan.files().items() if value is not None}
     if only_drifted:
         wanted = {
             name: value for name, value in wanted.items() if not _same(cgroups, name, value, parent, container_id)

@@ -1,4 +1,5 @@
-"""hooks/kernel_files.py: whole files with plain read(2)s, links followed only when asked."""
+"""hooks/kernel_files.py: whole files with plain read(2)s, a setting with one write(2), links
+followed only when asked."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from runtimeproxy.hooks.kernel_files import read_bytes
+from runtimeproxy.hooks.kernel_files import read_bytes, write_bytes
 
 
 @given(st.binary(max_size=200_000))
@@ -61,3 +62,32 @@ def test_one_record_stops_at_a_short_first_read(
     monkeypatch.setattr(os, "read", counting)
     assert read_bytes(path, one_record=one_record) == b"1" * size
     assert len(calls) == reads
+
+
+def test_a_name_is_read_below_a_directory_fd(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"0\n")
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert read_bytes("file", one_record=True, dir_fd=directory) == b"0\n"
+        with pytest.raises(FileNotFoundError):
+            read_bytes("gone", dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def test_a_setting_is_written_whole_into_an_existing_file_only(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"100000\n")
+    directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        write_bytes("file", b"7\n", dir_fd=directory)  # truncated first
+        with pytest.raises(FileNotFoundError):
+            write_bytes("gone", b"1", dir_fd=directory)  # never created
+    finally:
+        os.close(directory)
+    assert (tmp_path / "file").read_bytes() == b"7\n"
+    assert not (tmp_path / "gone").exists()
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    with pytest.raises(OSError) as raised:
+        write_bytes(tmp_path / "link", b"9", follow=False)
+    assert raised.value.errno == errno.ELOOP
+    assert (tmp_path / "file").read_bytes() == b"7\n"

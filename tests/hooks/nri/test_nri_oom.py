@@ -187,3 +187,26 @@ def test_any_file_content_gives_a_value_or_a_reason(content: str) -> None:
         else:
             with pytest.raises(OomNotApplied, match="oom_score_adj holds"):
                 scores.apply(CID, 42, CGROUP)
+
+
+def test_the_files_are_read_and_written_with_plain_system_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Python file object (each costs an fstat, an ioctl and lseeks more): raised, and refused
+    outside the container's cgroup, as with them."""
+    from runtimeproxy.hooks.nri import oom
+
+    def no_file_objects(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a Python file object was opened")
+
+    monkeypatch.setattr(oom, "open", no_file_objects, raising=False)
+    oom_file = fake_process(tmp_path, 42, "500\n")
+    outside = fake_process(tmp_path, 43, "0\n", cgroup=f"4:cpu,cpuacct:/kubepods/pod2/{CID}\n")
+    scores = OomScores(tmp_path)
+    scores.remember(CID, 1000)
+    assert scores.apply(CID, 42, CGROUP) == OomApplied(42, 500, 1000)
+    assert oom_file.read_text() == "1000\n"
+    scores.remember(CID, 1000)
+    with pytest.raises(OomNotApplied, match=f"process 43 is not in the cgroup of container {CID} "):
+        scores.apply(CID, 43, CGROUP)
+    assert outside.read_text() == "0\n"

@@ -1,7 +1,8 @@
-"""The cpu plugin reads a pod cgroup's quota once per PreRunPodSandbox (for the plan and for applying
-it), with the same outcome as reading it twice: the batch quota written, and an unreadable quota
-file the plugin's error. Likewise a container's quota once per PostStartContainer (for the burst's
-plan and its cap)."""
+"""The cpu plugin reads a pod cgroup's quota at most once per PreRunPodSandbox (for the plan and for
+applying it), with the same outcome as reading it twice: the batch quota written, and an unreadable
+file the plugin's error. A plan that sets the quota itself does not read it on cgroup v1 (only the
+period, in a file of its own); v2's cpu.max holds both and is read once. Likewise a container's quota
+once per PostStartContainer (for the burst's plan and its cap)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ def quota_file(fs: CgroupFS) -> str:
     return "cpu.cfs_quota_us" if fs.version is CgroupVersion.V1 else "cpu.max"
 
 
+def period_file(fs: CgroupFS) -> str:
+    return "cpu.cfs_period_us" if fs.version is CgroupVersion.V1 else "cpu.max"
+
+
 async def test_the_quota_is_read_once_and_the_batch_quota_written(tree: FakeCgroup) -> None:
     parent = tree.add_pod("be-1", "besteffort")
     fs = CountingFS(tree.root, tree.driver)
@@ -68,14 +73,15 @@ async def test_the_quota_is_read_once_and_the_batch_quota_written(tree: FakeCgro
     )
     result = await run_plugin(cpu.plugin, HookPoint.PRE_RUN_POD_SANDBOX, pod=pod, cgroups=fs)
     assert result.failures == []
-    assert fs.reads[quota_file(fs)] == 1
+    assert fs.reads.get(quota_file(fs), 0) == (0 if fs.version is CgroupVersion.V1 else 1)
+    assert fs.reads[period_file(fs)] == 1
     assert fs.cpu_quota(parent) == (150000, 100000)
 
 
 async def test_an_unreadable_quota_file_is_the_plugins_error(tree: FakeCgroup) -> None:
     parent = tree.add_pod("be-2", "besteffort")
     fs = CountingFS(tree.root, tree.driver)
-    fs.path("cpu", parent, None, quota_file(fs)).write_text("garbage\n")
+    fs.path("cpu", parent, None, period_file(fs)).write_text("garbage\n")  # the file the plan reads
     pod = make_pod(
         "batch", qos="BE", uid="be-2", cgroup_parent=parent, annotations={EXTENDED_RESOURCE_SPEC_ANNOTATION: SPEC}
     )
