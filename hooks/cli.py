@@ -35,25 +35,22 @@ from runtimeproxy.common.cli_options import (
     max_message_size_option,
     metrics_address_option,
 )
+from runtimeproxy.common.endpoints import DEFAULT_RUNTIME_ENDPOINT
 from runtimeproxy.common.extras import KUBERNETES, require_tools
 from runtimeproxy.common.listener import AlreadyServing
 from runtimeproxy.common.logs import configure_logging
-from runtimeproxy.common.malloc import trim_every
 from runtimeproxy.common.sdnotify import Watchdog, notify
 from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
-from runtimeproxy.wire.peer_limit_metrics import start_metrics_server
 
 from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots, WeightConversion
 from .container_repair import CgroupWrites, ContainerRepair, RepairApplier, RepairMetrics
 from .discovery import DiscoveryResult, discover_plugins, settings_specs
 from .nri.modes import mode_lines, modes_of
 from .nri.plugin import DEFAULT_PLUGIN_INDEX, DEFAULT_PLUGIN_NAME, NriPlugin, NriSettings
-from .nri.repair import CriUpdates
 from .nri.serving import start_nri
 from .plugin_runner import HookCallFailed, PluginRunner
 from .policy import Policy, PolicyError, PolicyWatcher, Specs, default_policy, dump_policy, load_policy
 from .policy_metrics import PolicyMetrics
-from .reconciler import DEFAULT_RUNTIME_ENDPOINT, Reconciler
 from .resctrl_fs import DEFAULT_ROOT as RESCTRL_ROOT
 from .resctrl_fs import ResctrlFS
 from .server import (
@@ -64,7 +61,13 @@ from .server import (
 )
 from .views import ServerContext
 
-if TYPE_CHECKING:  # loaded by _systemd_sync only where it is on: dbus_fast costs 3 MiB and 25 modules
+# Imported where used: once registered with NRI (or serving the proxy), the metrics server, the
+# reconciler and its CRI client, so that registration does not wait for them; systemd_sync only
+# where it is on (dbus_fast costs 3 MiB and 25 modules).
+if TYPE_CHECKING:
+    from runtimeproxy.common.metrics_export import MetricsServer
+
+    from .reconciler import Reconciler
     from .systemd_sync import SystemdSync
 
 __all__ = ["cli", "main"]
@@ -390,9 +393,19 @@ class _Serving:
     nri: NriSettings | None = None
 
 
+def _start_metrics_server(serving: _Serving) -> MetricsServer | None:
+    if not serving.metrics_address:
+        return None
+    from runtimeproxy.wire.peer_limit_metrics import start_metrics_server
+
+    return start_metrics_server(serving.metrics_address, serving.registry)
+
+
 def _repair_applier(serving: _Serving, nri: NriPlugin | None) -> RepairApplier | None:
     """How container repair sets values: the runtime's CRI update in NRI mode, else the container cgroups."""
     if nri is not None:
+        from .nri.repair import CriUpdates
+
         return CriUpdates(serving.runtime_endpoint, nri.hooks.synchronized)
     cgroups = serving.runner.context.cgroups
     return CgroupWrites(cgroups) if cgroups is not None and cgroups.available() else None
@@ -408,6 +421,8 @@ def _start_reconciler(serving: _Serving, repair: ContainerRepair, nri: NriPlugin
     if applier is None and not any(plugin.reconcile_handler is not None for plugin in serving.runner.plugins):
         log.info("reconciler off: no enabled plugin reconciles or repairs containers")
         return None
+    from .reconciler import Reconciler
+
     reconciler = Reconciler.for_endpoint(
         serving.runner, serving.runtime_endpoint, registry=serving.registry, repair=repair, applier=applier
     )
@@ -428,8 +443,7 @@ async def _serve(serving: _Serving) -> int:
         await server.start()  # takes the socket's lock first: a second instance stops here
         # registered, configured and synchronized, or refused with the reason (hooks/nri/)
         nri = await start_nri(serving.runner, serving.nri, serving.registry, repair) if serving.nri else None
-        metrics_address = serving.metrics_address
-        metrics_server = start_metrics_server(metrics_address, serving.registry) if metrics_address else None
+        metrics_server = _start_metrics_server(serving)
     except BaseException:
         await server.stop(0, 0)  # nothing was served yet: no one to wait for
         if watcher is not None:
@@ -445,6 +459,8 @@ async def _serve(serving: _Serving) -> int:
     systemd = loop.create_task(serving.systemd.run(), name="runtime-hooks-systemd") if serving.systemd else None
     notify("READY=1\nSTATUS=serving runtime hooks")
     log.info("ready", metrics_address=metrics_server.address if metrics_server else None)
+    from runtimeproxy.common.malloc import trim_every
+
     trimmer = loop.create_task(trim_every())  # as the proxy: free heap pages back to the kernel
     await stop.wait()
     trimmer.cancel()

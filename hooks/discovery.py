@@ -47,17 +47,36 @@ class DiscoveryResult:
         return [plugin.name for plugin in self.plugins]
 
 
-def _source(entry_point: importlib.metadata.EntryPoint) -> str:
-    dist = getattr(entry_point, "dist", None)
-    where = f"{dist.name} {dist.version}: " if dist is not None else ""
+class _Distributions:
+    """Name and version of the distributions that installed entry points, each read once: every
+    read of a distribution's name or version parses its whole METADATA file."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[object, tuple[str, str] | None]] = {}  # the dist kept: its id stays its own
+
+    def of(self, entry_point: importlib.metadata.EntryPoint) -> tuple[str, str] | None:
+        dist = getattr(entry_point, "dist", None)
+        if dist is None:
+            return None
+        known = self._seen.get(id(dist))
+        if known is None:
+            metadata = dist.metadata
+            name, version = metadata["Name"], metadata["Version"]
+            known = (dist, (name, version) if isinstance(name, str) and isinstance(version, str) else None)
+            self._seen[id(dist)] = known
+        return known[1]
+
+
+def _source(entry_point: importlib.metadata.EntryPoint, dist: tuple[str, str] | None) -> str:
+    where = f"{dist[0]} {dist[1]}: " if dist is not None else ""
     return f"{where}{entry_point.name} = {entry_point.value}"
 
 
-def load_entry_point(entry_point: importlib.metadata.EntryPoint) -> Plugin:
+def load_entry_point(entry_point: importlib.metadata.EntryPoint, *, dist_version: str | None = None) -> Plugin:
     """The Plugin an entry point names (the object, or a module's ``plugin``); raises on failure.
 
     A plugin left at the default version ``"0"`` takes the version of the distribution that
-    installed the entry point, when there is one."""
+    installed the entry point, when there is one (``dist_version`` when the caller has read it)."""
     target = entry_point.load()
     if isinstance(target, types.ModuleType):
         if not hasattr(target, "plugin"):
@@ -67,8 +86,10 @@ def load_entry_point(entry_point: importlib.metadata.EntryPoint) -> Plugin:
         raise PluginDefinitionError(f"{entry_point.value} is a {type(target).__name__}, not a runtimeproxy Plugin")
     target.check()
     if target.version == "0":
-        dist = getattr(entry_point, "dist", None)
-        version = getattr(dist, "version", None) if dist is not None else None
+        version = dist_version
+        if version is None:
+            dist = getattr(entry_point, "dist", None)
+            version = getattr(dist, "version", None) if dist is not None else None
         if isinstance(version, str) and version:
             target.version = version
     return target
@@ -90,10 +111,12 @@ def discover_plugins(
     found: list[tuple[Plugin, str]] = []
     failures: list[LoadFailure] = []
     points = importlib.metadata.entry_points(group=group) if entry_points is None else entry_points
+    dists = _Distributions()
     for entry_point in sorted(points, key=lambda ep: (ep.name, ep.value)):
-        source = _source(entry_point)
+        dist = dists.of(entry_point)
+        source = _source(entry_point, dist)
         try:
-            plugin = load_entry_point(entry_point)
+            plugin = load_entry_point(entry_point, dist_version=dist[1] if dist is not None else None)
         except (Exception, SystemExit) as exc:  # a plugin's import may do anything; none may stop the server
             reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             log.debug("plugin entry point failed", entry_point=source, exc_info=True)

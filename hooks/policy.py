@@ -44,6 +44,11 @@ from typing import Any, Final, Protocol
 import structlog
 import yaml
 
+try:  # libyaml's parser, for the built-in defaults read at every start (ten times PyYAML's own)
+    from yaml import CSafeLoader as _LibyamlSafeLoader
+except ImportError:  # PyYAML built without libyaml
+    from yaml import SafeLoader as _LibyamlSafeLoader  # type: ignore[assignment]
+
 from runtimeproxy.common.dirwatch import DirectoryChanges
 
 from . import data as _data
@@ -153,7 +158,12 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader that rejects a key given twice in one mapping (PyYAML keeps the last silently)."""
 
 
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+class _DefaultsLoader(_LibyamlSafeLoader):
+    """_Loader's constructors on libyaml's parser: for our own file only, whose errors are bugs,
+    so that a user's file keeps PyYAML's messages and nesting limit."""
+
+
+def _construct_mapping(loader: _Loader | _DefaultsLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _value in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
@@ -172,6 +182,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any
 
 
 _Loader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+_DefaultsLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -206,9 +217,9 @@ def _build_policy(raw: object, base: Policy, specs: Specs) -> Policy:
     return Policy(server["reconciler"], server["trust"], MappingProxyType(sections))
 
 
-def _yaml(text: str, file: str) -> object:
+def _yaml(text: str, file: str, loader: type[_Loader | _DefaultsLoader] = _Loader) -> object:
     try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+        return yaml.load(text, Loader=loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise PolicyError(file, "", f"not valid YAML: {_yaml_problem(exc)}", LoadFailure.YAML) from None
     except RecursionError:
@@ -300,7 +311,7 @@ _DEFAULTS_NAME: Final = f"{_data.__name__}/{DEFAULT_POLICY_FILE}"
 @cache
 def _default_data() -> Mapping[str, Any]:
     text = resources.files(_data).joinpath(DEFAULT_POLICY_FILE).read_text(encoding="utf-8")
-    raw = _yaml(text, _DEFAULTS_NAME)
+    raw = _yaml(text, _DEFAULTS_NAME, _DefaultsLoader)
     if not isinstance(raw, dict):
         raise PolicyError(_DEFAULTS_NAME, "", "the defaults must be a mapping")
     return MappingProxyType(raw)

@@ -35,17 +35,34 @@ def policy_hash(policy: Policy, specs: Specs) -> str:
     return hashlib.sha256(dump_policy(policy, specs).encode()).hexdigest()[:HASH_DIGITS]
 
 
+class _InForce:
+    """A policy put in force and when, with its hash worked out on first use: a YAML dump of the
+    whole policy, which serve's start (and NRI registration) does not wait for."""
+
+    __slots__ = ("_digest", "_specs", "loaded_at", "policy")
+
+    def __init__(self, policy: Policy, specs: Specs) -> None:
+        self.policy, self._specs, self.loaded_at = policy, specs, time.time()
+        self._digest: str | None = None
+
+    @property
+    def hash(self) -> str:
+        if self._digest is None:  # a scrape and the loop may both get here: same result, one str set
+            self._digest = policy_hash(self.policy, self._specs)
+        return self._digest
+
+
 class PolicyMetrics:
     """The metrics of the module doc in ``registry``, starting from ``policy`` (in force now);
     a ``policy.LoadObserver`` for the PolicyWatcher.
 
-    The hash and load time are one tuple, replaced whole on the event loop and read whole by a
-    scrape from the metrics server's thread: a scrape never sees two hashes, or none.
+    The policy and its load time are one object, replaced whole on the event loop and read
+    whole by a scrape from the metrics server's thread: a scrape never sees two hashes, or none.
     """
 
     def __init__(self, registry: CollectorRegistry, specs: Specs, policy: Policy) -> None:
         self._specs = specs
-        self._state = (policy_hash(policy, specs), time.time())
+        self._state = _InForce(policy, specs)
         self.failures = Counter(
             "runtimeproxy_hooks_policy_load_failures",
             "Versions of the policy file not put in force (the last good policy stays), by cause: "
@@ -60,10 +77,10 @@ class PolicyMetrics:
 
     @property
     def hash(self) -> str:
-        return self._state[0]
+        return self._state.hash
 
     def loaded(self, policy: Policy) -> None:
-        self._state = (policy_hash(policy, self._specs), time.time())
+        self._state = _InForce(policy, self._specs)
 
     def failed(self, cause: LoadFailure) -> None:
         self.failures.labels(cause=cause.value).inc()
@@ -72,10 +89,10 @@ class PolicyMetrics:
         yield from self._families()
 
     def collect(self) -> Iterator[Metric]:
-        digest, loaded_at = self._state
+        state = self._state
         info, loaded = self._families()
-        info.add_metric((digest,), 1.0)
-        loaded.add_metric((), loaded_at)
+        info.add_metric((state.hash,), 1.0)
+        loaded.add_metric((), state.loaded_at)
         yield from (info, loaded)
 
     @staticmethod

@@ -72,12 +72,13 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from runtimeproxy.common import trace
+from runtimeproxy.common.endpoints import DEFAULT_RUNTIME_ENDPOINT
 from runtimeproxy.common.metrics_export import DURATION_BUCKETS
 from runtimeproxy.runtime_state import RuntimeLoader, describe_error
 
@@ -101,9 +102,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger("runtimeproxy.hooks.reconciler")
-
-DEFAULT_RUNTIME_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
-
 
 # --- the live pods --------------------------------------------------------------------------------
 

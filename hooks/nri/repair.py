@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
@@ -40,14 +40,15 @@ from runtimeproxy.api.runtime.v1 import api_pb2 as pb
 from runtimeproxy.common.endpoints import socket_path
 from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.hookapi import resource_fields
-from runtimeproxy.runtime_state import RUNTIME_DOWN, describe_error
-from runtimeproxy.wire.grpc_client import H2Channel, RpcError
 
 from ..container_repair import ContainerRepair, RepairDeferred, RepairFailed, RepairPlan
 from ..drift import seen_in_record
 from ..pacing import paced
 from ..views import ContainerInfo, PodInfo
 from .mapping import NotApplied, container_update, resources_to_nri
+
+if TYPE_CHECKING:  # the CRI client is imported by CriUpdates: NRI's registration does not wait for it
+    from runtimeproxy.wire.grpc_client import H2Channel
 
 __all__ = ["LIVE_STATES", "MODE", "CriUpdates", "SynchronizeUpdates", "synchronize_updates", "update_of"]
 
@@ -134,12 +135,17 @@ class CriUpdates:
     def __init__(self, endpoint: str, synchronized: SynchronizeUpdates, *, timeout: float = 10.0) -> None:
         self.synchronized = synchronized
         self.timeout = timeout
-        self._channel = H2Channel(socket_path(endpoint), max_message_size=DEFAULT_MAX_MESSAGE_SIZE)
+        from runtimeproxy.wire.grpc_client import H2Channel
+
+        self._channel: H2Channel = H2Channel(socket_path(endpoint), max_message_size=DEFAULT_MAX_MESSAGE_SIZE)
 
     async def settle(self) -> None:
         await asyncio.sleep(self.synchronized.landing())
 
     async def apply(self, plan: RepairPlan) -> None:
+        from runtimeproxy.runtime_state import RUNTIME_DOWN, describe_error
+        from runtimeproxy.wire.grpc_client import RpcError
+
         linux = resource_fields.fill(pb.LinuxContainerResources(), plan.changes)
         request = pb.UpdateContainerResourcesRequest(container_id=plan.container.id, linux=linux)
         try:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Final
+
+#: containerd's CRI socket where it is installed as a system service.
+DEFAULT_RUNTIME_ENDPOINT: Final = "unix:///run/containerd/containerd.sock"
+
 
 class EndpointError(ValueError):
     pass
