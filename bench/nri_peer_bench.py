@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import go_peer
-from nri_bench import PROXY, daemon, hooks_args, remove_cgroups, run_and_report, start_pod
+from nri_bench import PROXY, compile_project, daemon, hooks_args, remove_cgroups, run_and_report, start_pod
 from relay_bench import percentile
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
@@ -302,6 +302,7 @@ def probe_times(path: Path) -> dict[tuple[str, str], float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     binary = go_peer.build()
+    compile_project()  # start to registered as an installed daemon's, which has its bytecode
     bed = Containerd(build=locate("1.7"), nri=True)
     work = Path(tempfile.mkdtemp(prefix="rtpxpb-", dir="/tmp"))
     pods: dict[str, list[list[tuple[str, list[float]]]]] = {target: [] for target in TARGETS}

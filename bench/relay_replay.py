@@ -201,11 +201,16 @@ def replay(events: Events, digest: bool) -> dict[str, Any]:
 
 def instructions(path: Path, events: int) -> int:
     """Instructions callgrind counts for the whole process replaying the first ``events`` reads."""
+    return callgrind_instructions([__file__, "replay", str(path), "--events", str(events), "--no-digest"])
+
+
+def callgrind_instructions(script_args: list[str]) -> int:
+    """Instructions callgrind counts for a whole ``python script_args...`` process (hash seed fixed:
+    a random one moves dict and set work between runs)."""
     with tempfile.TemporaryDirectory() as work:
         env = os.environ | {"PYTHONHASHSEED": "0"}
-        done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={work}/out", sys.executable,
-                               __file__, "replay", str(path), "--events", str(events), "--no-digest"],
-                              capture_output=True, text=True, env=env, check=True)
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=no", f"--callgrind-out-file={work}/out",
+                               sys.executable, *script_args], capture_output=True, text=True, env=env, check=True)
     found = re.search(r"Collected : (\d+)", done.stderr)
     if found is None:
         raise RuntimeError(f"no instruction count from valgrind:\n{done.stderr[-2000:]}")
