@@ -306,21 +306,11 @@ class PluginRunner:
         }
         self._plans = {}
         self._hook_points = frozenset(point for point, plugins in self._by_point.items() if plugins)
-        self._suspending = frozenset(
-            point for point, handlers in self._handlers.items() if any(not h.never_suspends for _, h in handlers)
-        )
 
     @property
     def hook_points(self) -> frozenset[HookPoint]:
         """The hook points at least one enabled plugin handles."""
         return self._hook_points
-
-    def may_suspend(self, points: Iterable[HookPoint]) -> bool:
-        """Whether a hook call at any of ``points`` can wait on the event loop: False when every
-        handler there runs to its end at once (Handler.never_suspends). A deadline around such
-        calls could never fire (asyncio's timeouts act only where a coroutine waits), so callers
-        may leave it out."""
-        return any(point in self._suspending for point in points)
 
     def plugins_for(self, point: HookPoint) -> tuple[Plugin, ...]:
         return self._by_point[point]
@@ -339,11 +329,15 @@ class PluginRunner:
         container: ContainerInfo | None = None,
         qos: QoSResolution | None = None,
         label: str | None = None,
+        deadline: Callable[[], float] | None = None,
     ) -> RunResult:
         """Run ``point``'s handlers; the merged response. HookCallFailed when a "fail" plugin fails.
         ``label``: the name the calls are counted, logged and failed under instead of the point's
         (container repair runs PreUpdateContainerResources as "repair", hooks/container_repair.py);
-        what is withheld from the plugins is then said at debug, as in a reconcile round."""
+        what is withheld from the plugins is then said at debug, as in a reconcile round.
+        ``deadline``: when the whole call must end, on the loop's clock (TimeoutError past it, the
+        call given up). Asked for, and a timer set, only around handlers that can wait on the loop:
+        the others run to their end at once, where no timeout could interrupt them anyway."""
         resolution = qos if qos is not None else qos_of(pod, container)
         context = self.context
         policy = context.policy()
@@ -383,8 +377,11 @@ class PluginRunner:
             if outcome == "ok":
                 if handler.never_suspends:  # most handlers: no coroutine of the runner's own either
                     outcome, reason, _ = self._call_now(key, handler, kwargs)
-                else:
+                elif deadline is None:
                     outcome, reason, _ = await self._call(plugin, handler, hook, kwargs)
+                else:
+                    async with asyncio.timeout_at(deadline()):
+                        outcome, reason, _ = await self._call(plugin, handler, hook, kwargs)
             if outcome == "ok" and response.untouched():  # nothing to check, merge or own
                 result.applied.append(plugin.name)
                 continue

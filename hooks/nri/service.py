@@ -265,11 +265,7 @@ class NriHooks:
         answer: HookResponse | None = None
         outcome = "error"
         try:
-            if self.runner.may_suspend(points):
-                async with asyncio.timeout_at(event.deadline()):
-                    answer = await self._run_points(event, points)
-            else:  # every handler runs to its end at once: no deadline could fire (PluginRunner.may_suspend)
-                answer = await self._run_points(event, points)
+            answer = await self._run_points(event, points)
             outcome = "ok"
         except HookCallFailed as exc:
             outcome = "failed"
@@ -290,7 +286,7 @@ class NriHooks:
         answer: HookResponse | None = None
         for point in points:
             given = container if point.kind is HookKind.CONTAINER else None
-            result = await self.runner.run(point, pod=pod, container=given)
+            result = await self.runner.run(point, pod=pod, container=given, deadline=event.deadline)
             if point in _ANSWERED:
                 answer = result.response
             elif point in _POD_ANSWERS:
@@ -373,8 +369,8 @@ class _Event:
         return cls(event, pod, container, resources, time.perf_counter(), _budget(timeout))
 
     def deadline(self) -> float:
-        """The end of the budget on the loop's clock (asked only where hooks can wait: each
-        look at the running loop is a getpid(2) on Python 3.11)."""
+        """The end of the budget on the loop's clock (asked only where a handler can wait:
+        PluginRunner.run's ``deadline``; each look at the running loop is a getpid(2) on Python 3.11)."""
         return asyncio.get_running_loop().time() + self.budget - (time.perf_counter() - self.arrived)
 
     @property

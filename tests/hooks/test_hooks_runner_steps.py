@@ -322,21 +322,31 @@ async def test_a_reconcile_round_gets_its_plugins_timeout_plus_an_allowance_per_
         assert [(f.outcome, f.reason) for f in report.failures] == [("timeout", "no answer within 0.01s")]
 
 
-def test_a_point_may_suspend_when_any_of_its_handlers_can() -> None:
+async def test_a_deadline_is_asked_for_only_where_a_handler_can_wait_and_ends_the_call_past_it() -> None:
     quick = Plugin("quick", version="1")
-    waits = Plugin("waits", version="1")
+    waits = Plugin("waits", version="1", timeout=5.0)
+    shaping = False
 
-    @quick.on(CREATE, HookPoint.PRE_RUN_POD_SANDBOX)
-    async def at_once(**kwargs: Any) -> None:
-        return None
+    @quick.on(CREATE)
+    async def at_once(*, response: Any, **kwargs: Any) -> None:
+        response.resources.cpu_shares = 2
 
-    @waits.on(CREATE)
+    @waits.on(CREATE, when=lambda **kwargs: shaping)
     async def later(**kwargs: Any) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.2)
+
+    asked: list[float] = []
+
+    def deadline() -> float:
+        asked.append(asyncio.get_running_loop().time() + 0.05)
+        return asked[-1]
 
     run = runner(quick, waits)
-    assert run.may_suspend([CREATE]) and run.may_suspend([HookPoint.PRE_RUN_POD_SANDBOX, CREATE])
-    assert not run.may_suspend([HookPoint.PRE_RUN_POD_SANDBOX])
-    run.disable("waits")
-    assert not run.may_suspend([CREATE])  # follows the enabled plugins
-    assert not runner(quick).may_suspend([HookPoint.POST_START_CONTAINER])  # no handler there at all
+    result = await run.run(CREATE, pod=POD, container=CONTAINER, deadline=deadline)
+    assert result.response.resources.cpu_shares == 2 and asked == []  # nothing could wait: no timer
+    shaping = True
+    with pytest.raises(TimeoutError):
+        await run.run(CREATE, pod=POD, container=CONTAINER, deadline=deadline)
+    assert len(asked) == 1  # asked once, for the handler that waits
+    result = await run.run(CREATE, pod=POD, container=CONTAINER)  # no deadline: the plugin's own timeout
+    assert result.applied == ["quick", "waits"]
