@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from bench_scripts import bench_module
 
 
 @pytest.fixture(scope="module")
 def timeline() -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # the bench scripts import each other by bare name
-    try:
-        return importlib.import_module("pod_timeline")
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("pod_timeline")
 
 
 def run(group_starts: list[tuple[float, float, float]]) -> dict[str, Any]:
@@ -62,11 +55,7 @@ def test_pool_prints_each_run_and_the_pooled_verdict(timeline: ModuleType, tmp_p
 
 @pytest.fixture(scope="module")
 def relay() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("relay_bench")
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("relay_bench")
 
 
 def relay_run(direct: list[float], proxy: list[float], hop: list[float] | None = None) -> dict[str, Any]:

@@ -3,25 +3,18 @@ calls made meanwhile, with calls that another thread interrupted joined again.""
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from bench_scripts import bench_module
 from hypothesis import given
 from hypothesis import strategies as st
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.fixture(scope="module")
 def peer() -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # the bench scripts import each other by bare name
-    try:
-        return importlib.import_module("nri_peer_bench")
-    finally:
-        sys.path.remove(str(BENCH))
+    return bench_module("nri_peer_bench")
 
 
 def hexed(data: bytes) -> str:
