@@ -11,7 +11,8 @@ logged and handled by the plugin's failure policy as a failing handler would be.
 
 A reconcile handler gets every live pod at once and may walk them in slices (hooks/pacing.py),
 so it may take longer than one hook call: its timeout is the plugin's plus
-RECONCILE_SECONDS_PER_POD for each pod it is given.
+RECONCILE_SECONDS_PER_POD for each pod it is given. on_start and on_stop get the plugin's timeout
+and at least LIFECYCLE_SECONDS.
 
 What follows from the policy in force and the runner alone (each plugin's settings for a class,
 whether it is skipped, its handler's fixed arguments) is worked out once per hook point and class
@@ -68,6 +69,10 @@ log = structlog.get_logger("runtimeproxy.hooks.sdk")
 #: What a reconcile handler's timeout adds per pod to its plugin's (see the module doc): about
 #: twenty times what a built-in plugin spends on a pod, so a large node's round is not cut off.
 RECONCILE_SECONDS_PER_POD = 0.01
+#: The least time an on_start or on_stop handler gets, whatever its plugin's (per-call) timeout: it
+#: runs once, sets up or tears down what the hook calls use (a tc tree, resctrl groups), and often
+#: on a node busy starting other daemons too, where a hook call's few seconds are too few.
+LIFECYCLE_SECONDS = 30.0
 _plugin_log = structlog.get_logger("runtimeproxy.hooks.plugin")
 
 Outcome = Literal["ok", "error", "timeout", "invalid", "busy"]
@@ -557,7 +562,8 @@ class PluginRunner:
         if handler is None or self.skip_reason(plugin):
             return None
         kwargs = {**self._node_kwargs(plugin, stage), "server": self.context}
-        outcome, reason, _ = await self._call(plugin, handler, stage.value, kwargs)
+        timeout = max(plugin.timeout, LIFECYCLE_SECONDS)
+        outcome, reason, _ = await self._call(plugin, handler, stage.value, kwargs, timeout)
         if outcome == "ok":
             return None
         failure = PluginFailure(plugin.name, stage.value, outcome, reason, plugin.failure_policy)

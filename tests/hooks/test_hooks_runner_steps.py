@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import time
 from typing import Any
 
 import pytest
@@ -350,3 +351,25 @@ async def test_a_deadline_is_asked_for_only_where_a_handler_can_wait_and_ends_th
     assert len(asked) == 1  # asked once, for the handler that waits
     result = await run.run(CREATE, pod=POD, container=CONTAINER)  # no deadline: the plugin's own timeout
     assert result.applied == ["quick", "waits"]
+
+
+async def test_on_start_gets_more_than_a_hook_call_and_still_has_an_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    slow = Plugin("slow", version="1", timeout=0.05)  # a hook call's budget
+    took: list[float] = [0.3]
+
+    @slow.on_start
+    def setup(**kwargs: Any) -> None:
+        time.sleep(took[0])  # longer than a hook call may take, as a tc tree on a busy node does
+
+    @slow.on(CREATE)
+    async def noop(**kwargs: Any) -> None:
+        return None
+
+    assert await runner(slow).start() == []  # started: on_start had LIFECYCLE_SECONDS
+    monkeypatch.setattr(runner_mod, "LIFECYCLE_SECONDS", 0.1)
+    took[0] = 1.0
+    run = runner(slow)
+    [failure] = await run.start()
+    assert (failure.plugin, failure.outcome) == ("slow", "timeout")
+    assert failure.reason == "no answer within 0.1s (its thread runs on)"
+    assert run.plugins == ()  # an "ignore" plugin whose on_start failed is disabled
