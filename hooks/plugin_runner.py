@@ -40,7 +40,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from runtimeproxy.common import trace
-from runtimeproxy.common.logs import debug_enabled
+from runtimeproxy.common.logs import debug_enabled, dropped
 from runtimeproxy.common.metrics_export import CallCollector, CallFamilies
 from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 
@@ -757,8 +757,14 @@ class _PluginLog:
 
     def __getattr__(self, name: str) -> Any:
         if self._bound is None:
+            if dropped(name):  # a debug line at info level: nothing to bind for
+                return _drop_line
             self._bound = _plugin_log.bind(plugin=self._plugin, **self._call)
         return getattr(self._bound, name)
+
+
+def _drop_line(*args: Any, **kwargs: Any) -> None:
+    """A logger method of a level not emitted (what structlog's filtering logger gives for it)."""
 
 
 class _ReturnedAwaitable(Exception):

@@ -15,7 +15,8 @@ loop closed with lines collected in its last turn leaves them for the next write
 
 A server whose caller waits for its answer takes :func:`hold` while it answers: collected lines
 are then written after the answer, not in the loop turns before it (the caller's wait does not
-include our logging). Lines wait at most as long as the longest answer held. Meanwhile they are
+include our logging); lines of the thread that holds are collected without scheduling a flush.
+Lines wait at most as long as the longest answer held. Meanwhile they are
 not even rendered: the renderer (JSON or console) runs when they are written, on the event dict
 as it was logged (its timestamp included), so a value logged must not be changed afterwards.
 Error/critical lines and lines with ``exc_info`` (whose traceback is the one being handled) are
@@ -47,6 +48,7 @@ __all__ = [
     "cached_logger",
     "configure_logging",
     "debug_enabled",
+    "dropped",
     "flush",
     "get_logger",
     "hold",
@@ -80,6 +82,7 @@ _pending: list[str | _Unrendered] = []  # lines collected on loop threads, oldes
 _armed: set[asyncio.AbstractEventLoop] = set()  # loops with a flush scheduled and not yet run
 _running_loop = asyncio._get_running_loop  # the C lookup asyncio.get_running_loop uses, minus the raise
 _holds = 0  # answers in flight that write their answer before the collected lines (hold())
+_holding: dict[int, int] = {}  # holds by the thread that took them: its lines need no flush of their own
 
 
 def _write(text: str) -> None:
@@ -157,8 +160,10 @@ def hold() -> Callable[[], None]:
     """Keep collected lines until the returned release is called (once, when the answer is
     written); with several holds, until the last is released. Error lines are not held."""
     global _holds
+    thread = threading.get_ident()
     with _lock:
         _holds += 1
+        _holding[thread] = _holding.get(thread, 0) + 1
     released = False
 
     def release() -> None:
@@ -169,6 +174,10 @@ def hold() -> Callable[[], None]:
         released = True
         with _lock:
             _holds -= 1
+            if _holding[thread] == 1:
+                del _holding[thread]
+            else:
+                _holding[thread] -= 1
             if _holds:
                 return
         flush()
@@ -190,6 +199,7 @@ def _forget_in_child() -> None:
     global _lock, _holds
     _lock = threading.Lock()
     _holds = 0
+    _holding.clear()
     _pending.clear()
     _armed.clear()
 
@@ -214,6 +224,11 @@ class _StdoutLogger:
         self.name = name
 
     def msg(self, message: str | _Unrendered) -> None:
+        if _holding:  # a line of a thread that holds is written by its release: no flush to arm,
+            with _lock:  # nor a look for the loop (a getpid(2) per line on Python 3.11)
+                if threading.get_ident() in _holding:
+                    _pending.append(message + "\n" if isinstance(message, str) else message)
+                    return
         loop = _running_loop()
         if loop is None:  # not on a loop thread: nothing would flush a collected line
             self.now(message)
@@ -404,6 +419,15 @@ def _new_cache(config: dict[str, Any]) -> dict[str, FilteringBoundLogger]:
     loggers: dict[str, FilteringBoundLogger] = {}
     _cache = (config, loggers)
     return loggers
+
+
+_METHOD_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING}
+
+
+def dropped(method: str) -> bool:
+    """True when lines logged with logger method ``method`` ("debug", "info", ...) are not
+    emitted: a caller can skip binding a logger for them."""
+    return _METHOD_LEVELS.get(method, logging.CRITICAL) < _min_level
 
 
 def debug_enabled() -> bool:

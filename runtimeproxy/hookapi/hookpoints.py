@@ -47,8 +47,13 @@ class HookPoint(enum.StrEnum):
 
     @property
     def kind(self) -> HookKind:
-        return HookKind.CONTAINER if self.value.endswith(("Container", "ContainerResources")) else HookKind.POD
+        return _KINDS[self]  # asked on every hook call: worked out once, below
 
+
+_KINDS = {
+    point: HookKind.CONTAINER if point.value.endswith(("Container", "ContainerResources")) else HookKind.POD
+    for point in HookPoint
+}
 
 # Names other tools write in registration files for the same hook point.
 ALIASES: dict[str, HookPoint] = {"PreRemoveRunPodSandbox": HookPoint.PRE_REMOVE_POD_SANDBOX}

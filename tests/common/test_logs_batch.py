@@ -237,6 +237,35 @@ def test_held_lines_wait_for_the_last_release(out: Recorder) -> None:
     assert out.events() == [["a"], ["b"]]
 
 
+def test_held_lines_of_the_holding_thread_skip_the_loop_lookup_and_others_write_at_once(
+    out: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looks: list[object] = []
+    real = logs._running_loop
+    monkeypatch.setattr(logs, "_running_loop", lambda: looks.append(None) or real())
+    threaded: list[list[list[str]]] = []
+
+    def in_thread() -> None:
+        log.info("threaded")
+        threaded.append(out.events())
+
+    async def main() -> None:
+        release = logs.hold()
+        log.info("a")
+        log.info("b")
+        assert looks == []  # the release writes them: no flush to schedule, no loop to find
+        await asyncio.to_thread(in_thread)  # a thread that holds nothing writes at once, after what is collected
+        release()
+        log.info("c")  # not held: collected for the turn's flush, which needs the loop
+        assert len(looks) == 2  # the thread's look and this one
+        await asyncio.sleep(0)
+
+    with out.installed():
+        asyncio.run(main())
+    assert threaded == [[["a", "b", "threaded"]]]
+    assert out.events() == [["a", "b", "threaded"], ["c"]]
+
+
 def test_error_lines_are_not_held(out: Recorder) -> None:
     async def main() -> None:
         release = logs.hold()

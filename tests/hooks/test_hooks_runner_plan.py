@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, cast
 
+import structlog
+import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -16,6 +18,7 @@ from runtimeproxy.hooks.discovery import settings_specs
 from runtimeproxy.hooks.plugin_runner import PluginRunner
 from runtimeproxy.hooks.sdk import HANDLER_KWARGS, ContainerInfo, Plugin, PodInfo, ServerContext
 
+from runtimeproxy.common.logs import configure_logging
 from runtimeproxy.hookapi.hookpoints import HookPoint
 
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
@@ -131,3 +134,25 @@ async def test_a_new_context_is_seen_by_the_next_call() -> None:
     run.context = ServerContext(cgroups=cast(Any, stand_in))
     assert await one_call(run, RUN, LS_POD) == (["needy"], {})
     assert handles == [stand_in]
+
+
+async def test_a_handlers_lines_carry_its_call_and_a_level_not_emitted_writes_nothing() -> None:
+    plugin = Plugin("talker")
+
+    @plugin.on(CREATE)
+    async def handler(*, log: Any, **kwargs: Any) -> None:
+        log.debug("detail", step=1)
+        log.info("wrote", value=2)
+
+    run = runner_of(plugin)
+    for level in ("info", "debug"):
+        configure_logging(level, "json")
+        with structlog.testing.capture_logs() as lines:
+            await run.run(CREATE, pod=BE_POD, container=ContainerInfo(name="app"))
+        events = [(line["event"], line["plugin"], line["hook"], line["pod"], line["container"]) for line in lines]
+        wanted = [("wrote", "talker", "PreCreateContainer", "jobs/batch", "app")]
+        if level == "debug":
+            wanted.insert(0, ("detail", "talker", "PreCreateContainer", "jobs/batch", "app"))
+        assert events == wanted, level
+    structlog.reset_defaults()
+    configure_logging("info", "json")
