@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -64,6 +64,7 @@ from google.protobuf.message import DecodeError
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook_pb
 from runtimeproxy.common import logs, trace
 from runtimeproxy.common.cli_options import DEFAULT_HOOK_CONFIG_DIR  # the directory the proxy reads
+from runtimeproxy.common.give_way import give_way
 from runtimeproxy.common.listener import UnixListener, open_unix_listener
 from runtimeproxy.common.message_size import DEFAULT_MAX_MESSAGE_SIZE
 from runtimeproxy.hookapi.defaults import DEFAULT_POLL_INTERVAL, MAX_TIMEOUT
@@ -452,7 +453,7 @@ class RuntimeHooksServer:
                 return await _answer(request)
             finally:
                 # the server writes the answer in the step that returns it; this runs after that
-                asyncio.get_running_loop().call_soon(release)
+                asyncio.get_running_loop().call_soon(_after_answer, release)
 
         async def _answer(request: Any) -> bytes:
             try:
@@ -471,6 +472,12 @@ class RuntimeHooksServer:
 
         call.__name__ = traced.__name__ = point.rpc
         return traced if trace.ON else call
+
+
+def _after_answer(release: Callable[[], None]) -> None:
+    """The proxy, woken by the answer, gets the CPU first; then the call's log lines go out."""
+    give_way()
+    release()
 
 
 def _decode(request_type: Any, raw: bytes, point: HookPoint) -> Any:

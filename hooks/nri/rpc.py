@@ -18,8 +18,9 @@ than OK raises RpcError; a closed connection fails every call in flight with UNA
 
 **Answer first.** The runtime waits for each answer, so what a method has to say about a request
 that does not change the answer (log lines, metrics) waits until the answer is written: the
-method hands it to :func:`after_answer`, and the server runs it right after the write; log lines
-collected meanwhile are written then too (runtimeproxy/common/logs.py ``hold``).
+method hands it to :func:`after_answer`, and the server runs it right after the write, once the
+runtime's reader had a chance at the CPU (runtimeproxy/common/give_way.py); log lines collected
+meanwhile are written then too (runtimeproxy/common/logs.py ``hold``).
 
 A frame over ttrpc's size limit makes ``feed`` raise FrameTooLarge (hooks/nri/ttrpc.py), on
 either side: the stream cannot be read on, and the connection is to be closed.
@@ -38,6 +39,7 @@ from google.protobuf.message import DecodeError
 
 from runtimeproxy.api.nri.ttrpc import ttrpc_pb2 as ttrpc_pb
 from runtimeproxy.common import logs
+from runtimeproxy.common.give_way import give_way
 from runtimeproxy.wire.grpc_framing import CODE_NAMES, StatusCode
 
 from .ttrpc import Frame, FrameDecoder, MessageType, encode_frame
@@ -154,6 +156,7 @@ class TtrpcServer:
         try:
             await self._call(stream_id, request, method, timeout)
         finally:
+            give_way()  # the runtime reads the answer first (runtimeproxy/common/give_way.py)
             after.answered()
             release()
 

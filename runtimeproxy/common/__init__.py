@@ -1,7 +1,8 @@
 """What both daemons are built from, knowing nothing of CRI or hooks: structured logging
 (logs), trace events (trace), the unix socket they serve on (listener) and endpoint paths
 (endpoints), directory watching (dirwatch), systemd notification (sdnotify), returning freed
-memory to the kernel (malloc), coroutine helpers (coroutines), the command-line options both
+memory to the kernel (malloc), coroutine helpers (coroutines), giving the CPU to a caller just answered (give_way),
+the command-line options both
 daemons share (cli_options), gRPC message sizes (message_size), and Prometheus building
 blocks with the HTTP endpoint that serves them (metrics_export).
 

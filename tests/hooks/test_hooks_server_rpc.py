@@ -3,6 +3,7 @@ decode, a bug of ours and the trace get, through the proxy's own client (H2Chann
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from structlog.testing import capture_logs
 from test_hooks_server import container_request, pod_request, tuner
 
 from runtimeproxy.api.runtime.v1alpha1 import api_pb2 as hook
-from runtimeproxy.common import trace
+from runtimeproxy.common import logs, trace
 from runtimeproxy.hookapi.hookpoints import HookKind, HookPoint
 from runtimeproxy.wire.grpc_client import H2Channel, RpcError
 from runtimeproxy.wire.grpc_framing import StatusCode
@@ -88,3 +89,16 @@ async def test_trace_events_name_the_hook_and_the_pod(short_dir: Path, monkeypat
         await server.stop(0, 0)
     [event] = [e for e in events if e["ev"] == "hooks.rpc"]
     assert (event["hook"], event["uid"]) == ("PreRunPodSandbox", "u1") and isinstance(event["began"], int)
+
+
+async def test_after_an_answer_the_cpu_is_given_way_before_the_calls_lines_go_out(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holds_then: list[int] = []  # the answer's hold of the log lines, when the CPU is given way
+    monkeypatch.setattr(server_mod, "give_way", lambda: holds_then.append(logs._holds))
+    s = await served(tuner())
+    reply = await call(s.server.endpoint, RUN, pod_request().SerializeToString())
+    await asyncio.sleep(0.01)
+    assert dict(hook.PodSandboxHookResponse.FromString(reply).labels) == {"tuned": "yes"}
+    assert holds_then == [1]  # once, after the answer, with its lines still held
+    assert logs._holds == 0

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from runtimeproxy.hooks.nri import rpc
 from runtimeproxy.hooks.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, encode_chunks
 from runtimeproxy.hooks.nri.nri_metrics import NriMetrics
 from runtimeproxy.hooks.nri.plugin import NriPlugin, NriSettings
@@ -61,8 +62,11 @@ async def test_a_call_gets_its_answer_and_the_deadline_travels() -> None:
     assert await client.call("s", "echo", b"again", timeout=1.0) == b"again|1.0"
 
 
-async def test_work_after_the_answer_runs_once_the_answer_is_written() -> None:
+async def test_work_after_the_answer_runs_once_the_answer_is_written_and_the_cpu_given_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     order: list[str] = []
+    monkeypatch.setattr(rpc, "give_way", lambda: order.append("give way"))
 
     async def answer_then_report(payload: bytes, timeout: float | None) -> bytes:
         async def hooks() -> None:  # a task the method starts shares its request's list
@@ -81,7 +85,7 @@ async def test_work_after_the_answer_runs_once_the_answer_is_written() -> None:
     with capture_logs() as logged:
         server.feed(encode_frame(1, MessageType.REQUEST, request))
         await asyncio.sleep(0.01)
-    assert order == ["answer", "report from a task", "report"]
+    assert order == ["answer", "give way", "report from a task", "report"]
     assert [r["event"] for r in logged] == ["reporting on an NRI request failed"]
     after_answer(lambda: order.append("outside a request"))  # at once
     assert order[-1] == "outside a request"
