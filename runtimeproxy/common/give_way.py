@@ -5,7 +5,8 @@ often has more to do right after writing the answer: its log lines and metrics, 
 notification answered on arrival, the plugins' hooks. On a node with few cores the caller's
 thread, woken by the answer, may be queued on the CPU this process holds, and then waits for
 all of that. One sched_yield(2) after the write lets it run first; when nothing else is ready
-to run on this CPU it returns at once (under a microsecond).
+to run on this CPU it returns at once (under a microsecond). When a busy thread shares the CPU,
+the work after the answer may wait for its time slice (milliseconds): nothing waits on that work.
 """
 
 from __future__ import annotations
