@@ -16,11 +16,10 @@ loop closed with lines collected in its last turn leaves them for the next write
 A server whose caller waits for its answer takes :func:`hold` while it answers: collected lines
 are then written after the answer, not in the loop turns before it (the caller's wait does not
 include our logging); lines of the thread that holds are collected without scheduling a flush.
-Lines wait at most as long as the longest answer held. Meanwhile they are
-not even rendered: the renderer (JSON or console) runs when they are written, on the event dict
-as it was logged (its timestamp included), so a value logged must not be changed afterwards.
-Error/critical lines and lines with ``exc_info`` (whose traceback is the one being handled) are
-rendered at once.
+Lines wait at most as long as the longest answer held. Meanwhile they are not even rendered: the
+renderer (JSON or console) runs when they are written, on the event dict as it was logged (its
+timestamp included), so a value logged must not be changed afterwards. Error/critical lines and
+lines with ``exc_info`` (whose traceback is the one being handled) are rendered at once.
 """
 
 from __future__ import annotations
