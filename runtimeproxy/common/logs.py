@@ -80,8 +80,9 @@ _lock = threading.Lock()  # one write at a time, so lines never interleave or ch
 _pending: list[str | _Unrendered] = []  # lines collected on loop threads, oldest first ("...\n" when rendered)
 _armed: set[asyncio.AbstractEventLoop] = set()  # loops with a flush scheduled and not yet run
 _running_loop = asyncio._get_running_loop  # the C lookup asyncio.get_running_loop uses, minus the raise
-_holds = 0  # answers in flight that write their answer before the collected lines (hold())
-_holding: dict[int, int] = {}  # holds by the thread that took them: its lines need no flush of their own
+# Answers in flight that write their answer before the collected lines (hold()), counted by the
+# thread that took them: that thread's lines need no flush of their own.
+_holding: dict[int, int] = {}
 
 
 def _write(text: str) -> None:
@@ -130,7 +131,7 @@ class _RenderWhenWritten:
         self.renderer = renderer
 
     def __call__(self, logger: WrappedLogger, method: str, event_dict: EventDict) -> Any:
-        if not _holds or "exc_info" in event_dict or event_dict.get("level") in _RENDERED_AT_ONCE:
+        if not _holding or "exc_info" in event_dict or event_dict.get("level") in _RENDERED_AT_ONCE:
             return self.renderer(logger, method, event_dict)
         return (_Unrendered(self.renderer, logger, method, event_dict),), {}
 
@@ -143,7 +144,7 @@ def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
     """The loop turn's flush: one write for every line collected since the last one."""
     with _lock:
         _armed.discard(loop)
-        if _holds:  # an answer is in flight: its release() writes the lines
+        if _holding:  # an answer is in flight: its release() writes the lines
             return
         text = _take_pending()
         if not text:
@@ -158,26 +159,22 @@ def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
 def hold() -> Callable[[], None]:
     """Keep collected lines until the returned release is called (once, when the answer is
     written); with several holds, until the last is released. Error lines are not held."""
-    global _holds
     thread = threading.get_ident()
     with _lock:
-        _holds += 1
         _holding[thread] = _holding.get(thread, 0) + 1
     released = False
 
     def release() -> None:
-        global _holds
         nonlocal released
         if released:
             return
         released = True
         with _lock:
-            _holds -= 1
             if _holding[thread] == 1:
                 del _holding[thread]
             else:
                 _holding[thread] -= 1
-            if _holds:
+            if _holding:
                 return
         flush()
 
@@ -195,9 +192,8 @@ def flush() -> None:
 def _forget_in_child() -> None:
     """A forked child starts with no lines of its parent's (the parent writes them) and a fresh
     lock (another thread of the parent may have held it at the fork)."""
-    global _lock, _holds
+    global _lock
     _lock = threading.Lock()
-    _holds = 0
     _holding.clear()
     _pending.clear()
     _armed.clear()
@@ -431,4 +427,4 @@ def dropped(method: str) -> bool:
 
 def debug_enabled() -> bool:
     """True when debug lines are emitted; hot paths check this once to skip building them."""
-    return _min_level <= logging.DEBUG
+    return not dropped("debug")
