@@ -10,10 +10,14 @@ each target in turn, the order rotating from round to round:
 * ``none``: no plugin between the probes;
 * ``go``: the Go peer (bench/nri_go_peer/main.go, built offline by bench/go_peer.py) at index 50;
 * ``nri``: ``runtime-hooks serve --nri-socket`` at index 50;
+* ``py-floor``: bench/nri_py_floor.py at index 50, the same adjustments in a few plain Python
+  functions on runtime-hooks' NRI transport (connection, framing, uvloop) with no plugin host:
+  what it adds over ``go`` is Python's and the transport's share, what ``nri`` adds over it the
+  plugin host's;
 * ``proxy``: pods started through ``runtime-proxy serve`` calling ``runtime-hooks`` in proxy mode
   (both started once for the run; no NRI plugin between the probes).
 
-The plugin of ``go`` and ``nri`` is started for its block and stopped after it. Reported:
+The plugin of ``go``, ``nri`` and ``py-floor`` is started for its block and stopped after it. Reported:
 
 * **added time per event**: for each pod and event, the probe at 99 minus the probe at 01 (the
   time containerd spends on the plugins between them), p50 per target, and minus ``none``'s p50;
@@ -44,6 +48,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -59,12 +64,13 @@ from runtimeproxy.play.cri_client import CriClient
 from runtimeproxy.testbed import Containerd
 from runtimeproxy.testbed.runtimes import locate
 
-TARGETS = ("none", "go", "nri", "proxy")
-PLUGINS = ("go", "nri")
+TARGETS = ("none", "go", "nri", "py-floor", "proxy")
+PLUGINS = ("go", "nri", "py-floor")
 EVENTS = ("RunPodSandbox", "CreateContainer", "PostStartContainer")
 PLUGIN_INDEX = "50"
-#: The processes whose CPU per pod is reported: the plugin of go and nri, both daemons of proxy.
-CPU_ROWS = ("go", "nri", "proxy: runtime-hooks", "proxy: runtime-proxy")
+#: The processes whose CPU per pod is reported: each plugin's, both daemons of proxy.
+CPU_ROWS = ("go", "nri", "py-floor", "proxy: runtime-hooks", "proxy: runtime-proxy")
+PY_FLOOR = Path(__file__).with_name("nri_py_floor.py")
 STATE_EVENTS = {nri_pb.RUN_POD_SANDBOX: "RunPodSandbox", nri_pb.POST_START_CONTAINER: "PostStartContainer"}
 
 
@@ -74,8 +80,15 @@ STATE_EVENTS = {nri_pb.RUN_POD_SANDBOX: "RunPodSandbox", nri_pb.POST_START_CONTA
 @contextlib.contextmanager
 def go_plugin(binary: Path, bed: Containerd, work: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
     """The Go peer (or a probe, with ``-probe``) registered with ``bed`` until the block ends."""
-    log = (work / "go-peer.log").open("ab")
-    proc = subprocess.Popen([str(binary), "-socket", str(bed.nri_socket), *args], stdout=log, stderr=log)
+    with plugin_process([str(binary), "-socket", str(bed.nri_socket), *args], work / "go-peer.log") as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def plugin_process(argv: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` running, its output appended to ``log_path``, until the block ends (SIGTERM)."""
+    log = log_path.open("ab")
+    proc = subprocess.Popen(argv, stdout=log, stderr=log)
     try:
         yield proc
     finally:
@@ -139,6 +152,13 @@ def plugin_under_test(
         name = f"{PLUGIN_INDEX}-go-peer"
         with go_plugin(binary, bed, work, "-index", PLUGIN_INDEX, "-name", "go-peer") as proc:
             record["registered_s"].append(registered_at(bed, name, spawned) - spawned)
+            yield proc.pid
+            record["rss_mib"].append(rss_mib(proc.pid))
+        return
+    if target == "py-floor":
+        argv = [sys.executable, str(PY_FLOOR), "--socket", str(bed.nri_socket), "--index", PLUGIN_INDEX]
+        with plugin_process(argv, work / "py-floor.log") as proc:
+            record["registered_s"].append(registered_at(bed, f"{PLUGIN_INDEX}-py-floor", spawned) - spawned)
             yield proc.pid
             record["rss_mib"].append(rss_mib(proc.pid))
         return
