@@ -89,6 +89,7 @@ from typing import Any, Final, Literal, Protocol
 
 import structlog
 
+from runtimeproxy.common import logs
 from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.hookapi.merge_rules import CgroupForm
 
@@ -120,7 +121,8 @@ __all__ = [
     "weight_to_shares",
 ]
 
-log = structlog.get_logger("runtimeproxy.hooks.cgroups")
+LOGGER = "runtimeproxy.hooks.cgroups"
+log = structlog.get_logger(LOGGER)
 
 CGROUP_ROOT: Final = "/sys/fs/cgroup"
 
@@ -935,7 +937,8 @@ class CgroupFS:
         cgroup = directory[len(self._hierarchy_dir(controller)) + 1 :] or "."
         # One info line per write that reached the node: the only place every plugin's write passes.
         text = data.decode("utf-8", "backslashreplace").strip()
-        log.info("cgroup written", file=path, value=text, cgroup=cgroup)
+        # a logger assembled once, not per line: this line comes with every write
+        logs.cached_logger(LOGGER).info("cgroup written", file=path, value=text, cgroup=cgroup)
         if self.listener is not None:
             write = CgroupWrite(controller, file, data, parent, container_id, "" if cgroup == "." else cgroup)
             self.listener.written(self, write)

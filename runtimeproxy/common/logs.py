@@ -16,10 +16,11 @@ loop closed with lines collected in its last turn leaves them for the next write
 A server whose caller waits for its answer takes :func:`hold` while it answers: collected lines
 are then written after the answer, not in the loop turns before it (the caller's wait does not
 include our logging); lines of the thread that holds are collected without scheduling a flush.
-Lines wait at most as long as the longest answer held. Meanwhile they are not even rendered: the
-renderer (JSON or console) runs when they are written, on the event dict as it was logged (its
-timestamp included), so a value logged must not be changed afterwards. Error/critical lines and
-lines with ``exc_info`` (whose traceback is the one being handled) are rendered at once.
+Lines wait at most as long as the longest answer held. Meanwhile they are not even processed:
+the processor chain (context variables, level, timestamp, renderer) runs when they are written,
+on what was logged, with the time and the context variables of the moment it was logged; so a
+value logged must not be changed afterwards. Error/critical lines and lines with ``exc_info``
+(whose traceback is the one being handled) are processed at once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import contextvars
 import datetime
 import json
 import logging
@@ -34,7 +36,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
@@ -77,7 +79,7 @@ _min_level = logging.INFO
 
 
 _lock = threading.Lock()  # one write at a time, so lines never interleave or change order
-_pending: list[str | _Unrendered] = []  # lines collected on loop threads, oldest first ("...\n" when rendered)
+_pending: list[str | _Held] = []  # lines collected on loop threads, oldest first ("...\n" when rendered)
 _armed: set[asyncio.AbstractEventLoop] = set()  # loops with a flush scheduled and not yet run
 _running_loop = asyncio._get_running_loop  # the C lookup asyncio.get_running_loop uses, minus the raise
 # Answers in flight that write their answer before the collected lines (hold()), counted by the
@@ -92,7 +94,7 @@ def _write(text: str) -> None:
 
 
 def _take_pending() -> str:
-    """Everything collected, as one string (caller holds _lock), lines held unrendered rendered now.
+    """Everything collected, as one string (caller holds _lock), held lines processed now.
     Scheduled flushes left behind then find nothing to write: an extra callback, never a lost line."""
     if not _pending:
         return ""
@@ -102,42 +104,59 @@ def _take_pending() -> str:
     return text
 
 
-class _Unrendered:
-    """A line logged while an answer is held, kept as its event dict until it is written."""
+class _Held:
+    """A line logged while its thread holds an answer: what was logged, when, and the context
+    variables then, processed when it is written (module doc)."""
 
-    __slots__ = ("event_dict", "logger", "method", "renderer")
+    __slots__ = ("context", "event", "event_kw", "logged_ns", "logger", "method")
 
-    def __init__(self, renderer: Processor, logger: WrappedLogger, method: str, event_dict: EventDict) -> None:
-        self.renderer = renderer
+    def __init__(self, logger: Any, method: str, event: str | None, event_kw: dict[str, Any]) -> None:
         self.logger = logger
         self.method = method
-        self.event_dict = event_dict
+        self.event = event
+        self.event_kw = event_kw
+        self.logged_ns = time.time_ns()
+        self.context = contextvars.copy_context()  # O(1): merge_contextvars reads it later
 
     def rendered(self) -> str:
-        """The line, rendered now, with its newline."""
-        text = self.renderer(self.logger, self.method, self.event_dict)
+        """The line, processed and rendered now, with its newline ("" when a processor drops it)."""
+        try:
+            args, _ = self.context.run(self._process)
+        except structlog.DropEvent:  # e.g. structlog.testing.capture_logs took it
+            return ""
+        text = args[0] if args else ""
         return (text if isinstance(text, str) else repr(text)) + "\n"  # the renderers here give str
 
-
-def _line(message: str | _Unrendered) -> str:
-    return message + "\n" if isinstance(message, str) else message.rendered()
-
-
-class _RenderWhenWritten:
-    """The chain's renderer, run when the line is written if that is after a held answer (module
-    doc): until then the logger gets the line unrendered."""
-
-    def __init__(self, renderer: Processor) -> None:
-        self.renderer = renderer
-
-    def __call__(self, logger: WrappedLogger, method: str, event_dict: EventDict) -> Any:
-        if not _holding or "exc_info" in event_dict or event_dict.get("level") in _RENDERED_AT_ONCE:
-            return self.renderer(logger, method, event_dict)
-        return (_Unrendered(self.renderer, logger, method, event_dict),), {}
+    def _process(self) -> tuple[Sequence[Any], Mapping[str, Any]]:
+        _logged_ns.set(self.logged_ns)  # in this line's own copy of the context: for _UTCStamper
+        processed: tuple[Sequence[Any], Mapping[str, Any]] = self.logger._process_event(
+            self.method, self.event, self.event_kw
+        )
+        return processed
 
 
-# Written at once (_StdoutLogger.now), so rendered at once.
-_RENDERED_AT_ONCE = frozenset({"error", "critical", "exception", "fatal"})
+#: When a held line was logged, set while it is processed (_Held._process); unset: now.
+_logged_ns: contextvars.ContextVar[int] = contextvars.ContextVar("runtimeproxy_logged_ns")
+
+# Processed and written at once (_StdoutLogger.now), never held.
+_AT_ONCE = frozenset({"error", "critical", "exception", "fatal"})
+
+
+def _holding_wrapper(min_level: int) -> type[FilteringBoundLogger]:
+    """structlog's filtering bound logger for ``min_level``, whose lines logged on a thread that
+    holds an answer are kept unprocessed until it is written (module doc)."""
+    base: Any = structlog.make_filtering_bound_logger(min_level)
+
+    class HoldingBoundLogger(base):  # type: ignore[misc]
+        def _proxy_to_logger(self, method_name: str, event: str | None = None, **event_kw: Any) -> Any:
+            if _holding and method_name not in _AT_ONCE and "exc_info" not in event_kw:
+                with _lock:
+                    if threading.get_ident() in _holding:
+                        _pending.append(_Held(self, method_name, event, event_kw))
+                        return None
+            return super()._proxy_to_logger(method_name, event, **event_kw)
+
+    return HoldingBoundLogger
 
 
 def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
@@ -218,27 +237,27 @@ class _StdoutLogger:
     def __init__(self, name: str = "") -> None:
         self.name = name
 
-    def msg(self, message: str | _Unrendered) -> None:
+    def msg(self, message: str) -> None:
         if _holding:  # a line of a thread that holds is written by its release: no flush to arm,
             with _lock:  # nor a look for the loop (a getpid(2) per line on Python 3.11)
                 if threading.get_ident() in _holding:
-                    _pending.append(message + "\n" if isinstance(message, str) else message)
+                    _pending.append(message + "\n")
                     return
         loop = _running_loop()
         if loop is None:  # not on a loop thread: nothing would flush a collected line
             self.now(message)
             return
         with _lock:
-            _pending.append(message + "\n" if isinstance(message, str) else message)
+            _pending.append(message + "\n")
             if loop in _armed:
                 return
             _armed.add(loop)
         loop.call_soon(_flush_turn, loop)
 
-    def now(self, message: str | _Unrendered) -> None:
+    def now(self, message: str) -> None:
         """Write the line at once, after (and in the same write as) what was collected."""
         with _lock:
-            _write(_take_pending() + _line(message))
+            _write(_take_pending() + message + "\n")
 
     debug = info = warning = warn = log = msg
     error = critical = fatal = exception = now
@@ -304,7 +323,8 @@ class _UTCStamper:
         self._second: tuple[int, str] = (-1, "")  # replaced whole: threads read a consistent pair
 
     def __call__(self, logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
-        us = self._clock() // 1000
+        logged = _logged_ns.get(None)  # a held line's time of logging (_Held)
+        us = (self._clock() if logged is None else logged) // 1000
         second = us // 1_000_000
         micro = us - second * 1_000_000
         cached, text = self._second
@@ -343,8 +363,8 @@ def _processors(fmt: str) -> list[Processor]:
     ]
     if fmt == "console":
         # ConsoleRenderer formats exc_info itself (and warns if it was pre-formatted).
-        return [*shared, _RenderWhenWritten(structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty()))]
-    return [*shared, _RenderWhenWritten(_PriorityJSONRenderer())]  # it formats exc_info itself
+        return [*shared, structlog.dev.ConsoleRenderer(colors=sys.stdout.isatty())]
+    return [*shared, _PriorityJSONRenderer()]  # it formats exc_info itself
 
 
 def configure_logging(level: str = "info", fmt: str = "json") -> None:
@@ -355,7 +375,7 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     structlog.configure(
         processors=processors,
         # Methods below min_level compile to "return None": disabled levels cost a call only.
-        wrapper_class=structlog.make_filtering_bound_logger(min_level),
+        wrapper_class=_holding_wrapper(min_level),
         logger_factory=_stdout_logger_factory,
         context_class=dict,
         # Not cached: a cached module-level logger would keep this configuration for good,

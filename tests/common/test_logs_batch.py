@@ -309,6 +309,47 @@ def test_held_lines_are_rendered_when_written_with_the_time_they_were_logged(out
         asyncio.run(main())
 
 
+def test_held_lines_are_processed_only_when_written_with_the_context_of_their_logging(out: Recorder) -> None:
+    processed: list[str] = []
+
+    def note(logger: object, method: str, event_dict: dict[str, object]) -> dict[str, object]:
+        processed.append(str(event_dict["event"]))
+        return event_dict
+
+    structlog.get_config()["processors"].insert(0, note)  # the chain as configured, one step in front
+
+    async def main() -> None:
+        release = logs.hold()
+        structlog.contextvars.bind_contextvars(request="r1")
+        log.info("a")
+        structlog.contextvars.bind_contextvars(request="r2")  # after the line: not its context
+        log.info("b")
+        structlog.contextvars.clear_contextvars()
+        await asyncio.sleep(0.01)
+        assert processed == []  # no processor ran before the answer
+        release()
+        assert processed == ["a", "b"]
+        lines = [json.loads(line.split(">", 1)[1]) for line in out.writes[0].splitlines()]
+        assert [(line["event"], line["request"]) for line in lines] == [("a", "r1"), ("b", "r2")]
+
+    with out.installed():
+        asyncio.run(main())
+
+
+def test_a_held_line_a_processor_drops_is_not_written(out: Recorder) -> None:
+    async def main() -> None:
+        with structlog.testing.capture_logs() as captured:
+            release = logs.hold()
+            log.info("kept for the capture")
+            assert captured == []
+            release()
+        assert [entry["event"] for entry in captured] == ["kept for the capture"]
+        assert out.writes == []
+
+    with out.installed():
+        asyncio.run(main())
+
+
 def test_a_line_logged_with_a_traceback_is_rendered_at_once_and_keeps_the_order(out: Recorder) -> None:
     value = Shown()
 
