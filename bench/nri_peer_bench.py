@@ -148,17 +148,15 @@ def plugin_under_test(
     """The plugin of ``target`` registered at PLUGIN_INDEX; yields its pid. Notes its start to
     registered and (at the end) its RSS in ``record``."""
     spawned = time.time()
-    if target == "go":
-        name = f"{PLUGIN_INDEX}-go-peer"
-        with go_plugin(binary, bed, work, "-index", PLUGIN_INDEX, "-name", "go-peer") as proc:
-            record["registered_s"].append(registered_at(bed, name, spawned) - spawned)
-            yield proc.pid
-            record["rss_mib"].append(rss_mib(proc.pid))
-        return
-    if target == "py-floor":
-        argv = [sys.executable, str(PY_FLOOR), "--socket", str(bed.nri_socket), "--index", PLUGIN_INDEX]
-        with plugin_process(argv, work / "py-floor.log") as proc:
-            record["registered_s"].append(registered_at(bed, f"{PLUGIN_INDEX}-py-floor", spawned) - spawned)
+    if target in ("go", "py-floor"):
+        if target == "go":
+            argv = [str(binary), "-socket", str(bed.nri_socket), "-index", PLUGIN_INDEX, "-name", "go-peer"]
+            name, log = "go-peer", work / "go-peer.log"
+        else:
+            argv = [sys.executable, str(PY_FLOOR), "--socket", str(bed.nri_socket), "--index", PLUGIN_INDEX]
+            name, log = "py-floor", work / "py-floor.log"
+        with plugin_process(argv, log) as proc:
+            record["registered_s"].append(registered_at(bed, f"{PLUGIN_INDEX}-{name}", spawned) - spawned)
             yield proc.pid
             record["rss_mib"].append(rss_mib(proc.pid))
         return

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import uvloop
+from runtimeproxy.hooks.kernel_files import read_bytes, write_bytes
 from runtimeproxy.hooks.nri.runtime_link import connect
 
 from runtimeproxy.api.nri.v1alpha1 import api_pb2 as nri_pb
@@ -64,11 +65,7 @@ def be_spec(pod: Any) -> dict[str, Any] | None:
 
 
 def write_file(path: str, value: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-    try:
-        os.write(fd, str(value).encode())
-    finally:
-        os.close(fd)
+    write_bytes(path, str(value).encode())  # one open, one write(2), as runtime-hooks writes
 
 
 class FloorPlugin:
@@ -110,9 +107,8 @@ class FloorPlugin:
             return
         path = f"/proc/{container.pid}/oom_score_adj"
         try:
-            with open(path, "rb") as current:
-                if int(current.read()) >= BE_OOM_SCORE:
-                    return
+            if int(read_bytes(path, one_record=True)) >= BE_OOM_SCORE:
+                return
             write_file(path, BE_OOM_SCORE)
         except (OSError, ValueError):
             return  # the container is gone already

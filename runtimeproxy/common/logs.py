@@ -149,14 +149,26 @@ def _holding_wrapper(min_level: int) -> type[FilteringBoundLogger]:
 
     class HoldingBoundLogger(base):  # type: ignore[misc]
         def _proxy_to_logger(self, method_name: str, event: str | None = None, **event_kw: Any) -> Any:
-            if _holding and method_name not in _AT_ONCE and "exc_info" not in event_kw:
-                with _lock:
-                    if threading.get_ident() in _holding:
-                        _pending.append(_Held(self, method_name, event, event_kw))
-                        return None
+            if (
+                _holding
+                and method_name not in _AT_ONCE
+                and "exc_info" not in event_kw
+                and _collected_for_holder(lambda: _Held(self, method_name, event, event_kw))
+            ):
+                return None
             return super()._proxy_to_logger(method_name, event, **event_kw)
 
     return HoldingBoundLogger
+
+
+def _collected_for_holder(line: Callable[[], str | _Held]) -> bool:
+    """Collect ``line()`` if this thread holds an answer, and say so. Its release writes the line:
+    no flush to arm, nor a look for the loop (a getpid(2) per line on Python 3.11)."""
+    with _lock:
+        if threading.get_ident() not in _holding:
+            return False
+        _pending.append(line())
+        return True
 
 
 def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
@@ -238,11 +250,8 @@ class _StdoutLogger:
         self.name = name
 
     def msg(self, message: str) -> None:
-        if _holding:  # a line of a thread that holds is written by its release: no flush to arm,
-            with _lock:  # nor a look for the loop (a getpid(2) per line on Python 3.11)
-                if threading.get_ident() in _holding:
-                    _pending.append(message + "\n")
-                    return
+        if _holding and _collected_for_holder(lambda: message + "\n"):
+            return
         loop = _running_loop()
         if loop is None:  # not on a loop thread: nothing would flush a collected line
             self.now(message)
