@@ -1,12 +1,14 @@
-"""What each import costs the proxy daemon: resident memory and import time.
+"""What each import costs the daemons: resident memory and import time.
 
-    python bench/import_cost.py [--json FILE]
+    python bench/import_cost.py [--daemon proxy|hooks] [--json FILE] [MODULE ...]
 
 For each module the daemon loads (in the order it loads them), a fresh interpreter of this
 environment imports it alone and reports its RSS before and after (`alone`), and one more
 interpreter imports them one after another, reporting what each adds to what came before
 (`added`: a shared dependency is charged to the first module that loads it). Import time is
 `python -X importtime`'s cumulative figure for the module in that second interpreter.
+``--daemon hooks`` measures runtime-hooks' imports instead of runtime-proxy's: its libraries
+first, so that their total is what any Python daemon built on them holds before its own code.
 See bench/README.md ("Import cost").
 """
 
@@ -40,6 +42,22 @@ MODULES = (
     "runtimeproxy.proxy.cli",
 )
 
+# runtime-hooks' imports as an NRI plugin: the third-party libraries it cannot start without (the
+# event loop, logging, the CLI, metrics, the policy file's YAML), then its NRI service and its CLI
+# (which loads the rest, plugins included: runtimeproxy.hooks.discovery imports them).
+HOOKS_MODULES = (
+    "asyncio",
+    "uvloop",
+    "structlog",
+    "click",
+    "prometheus_client",
+    "yaml",
+    "runtimeproxy.hooks.nri.plugin",
+    "runtimeproxy.hooks.cli",
+    "runtimeproxy.hooks.discovery",
+)
+DAEMONS = {"proxy": MODULES, "hooks": HOOKS_MODULES}
+
 # Run in the child: RSS (KiB, /proc/self/status) before and after each import, as JSON.
 PROBE = """
 import json, sys
@@ -48,7 +66,9 @@ def rss():
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 rows = [["", rss()]]
 for name in sys.argv[1:]:
-    __import__(name)  # not importlib.import_module: -X importtime times only the C import path
+    module = __import__(name)  # not importlib.import_module: -X importtime times only the C import path
+    if name == "runtimeproxy.hooks.discovery":  # the plugins are imported when discovered
+        module.hooks.discovery.discover_plugins()
     rows.append([name, rss()])
 print(json.dumps(rows))
 """
@@ -100,9 +120,11 @@ def print_report(report: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
-    parser.add_argument("modules", nargs="*", help=f"modules to measure (default: {len(MODULES)} of the daemon's)")
+    parser.add_argument("--daemon", choices=sorted(DAEMONS), default="proxy",
+                        help="whose imports to measure when no MODULE is given (default: proxy)")
+    parser.add_argument("modules", nargs="*", help="modules to measure (default: the daemon's)")
     args = parser.parse_args(argv)
-    report = measure(args.modules or MODULES)
+    report = measure(args.modules or DAEMONS[args.daemon])
     print_report(report)
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
