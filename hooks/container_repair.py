@@ -193,6 +193,7 @@ class ContainerRepair:
     def __init__(self, runner: PluginRunner, metrics: RepairMetrics | None = None) -> None:
         self.runner = runner
         self.metrics = metrics if metrics is not None else RepairMetrics()
+        runner.expect_calls_as(REPAIR_LABEL, REPAIR_POINT)
 
     @property
     def enabled(self) -> bool:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter
@@ -76,6 +76,7 @@ LIFECYCLE_SECONDS = 30.0
 _plugin_log = structlog.get_logger("runtimeproxy.hooks.plugin")
 
 Outcome = Literal["ok", "error", "timeout", "invalid", "busy"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 # What running one handler gave: outcome, reason ("" when ok) and its return value (None unless ok).
 _Called = tuple[Outcome, str, Any]
 
@@ -124,6 +125,12 @@ class PluginMetrics:
 
     def record(self, plugin: str, hook: str, outcome: Outcome, seconds: float) -> None:
         self.calls.record((plugin, hook), outcome, seconds)
+
+    def expect(self, plugin: str, hooks: Iterable[str]) -> None:
+        """Export ``plugin``'s call counters at ``hooks`` at 0 for every outcome, so that an alert
+        sees its first failure there."""
+        for hook in hooks:
+            self.calls.declare((plugin, hook), OUTCOMES)
 
 
 @dataclass(frozen=True)
@@ -247,6 +254,8 @@ class PluginRunner:
         self._planned_context: ServerContext | None = None
         enabled = [available[name] for name in wanted - disabled]
         self._set_enabled(plugin for plugin in enabled if self._make_state(plugin))
+        for plugin in self.plugins:
+            self.metrics.expect(plugin.name, _call_hooks(plugin))
 
     def _make_state(self, plugin: Plugin) -> bool:
         """Call the plugin's state factory (once, for this runner); False (logged, kept for
@@ -319,6 +328,12 @@ class PluginRunner:
 
     def plugins_for(self, point: HookPoint) -> tuple[Plugin, ...]:
         return self._by_point[point]
+
+    def expect_calls_as(self, label: str, point: HookPoint) -> None:
+        """Export at 0 the call counters of ``point``'s plugins under ``label``: the name that
+        ``run(point, label=...)`` counts their calls under."""
+        for plugin in self._by_point[point]:
+            self.metrics.expect(plugin.name, (label,))
 
     def disable(self, name: str) -> None:
         """Stop running plugin ``name`` (e.g. after its on_start failed)."""
@@ -830,6 +845,15 @@ def _in_thread(fn: Callable[[], Any], name: str, finished: Callable[[], None]) -
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return future
+
+
+def _call_hooks(plugin: Plugin) -> list[str]:
+    """The ``hook`` labels ``plugin``'s calls are counted under: its hook points and its
+    lifecycle and reconcile handlers' stages."""
+    hooks = [point.value for point in HookPoint if point in plugin.hook_points]
+    handlers = {_Stage.START: plugin.start_handler, _Stage.STOP: plugin.stop_handler}
+    handlers[_Stage.RECONCILE] = plugin.reconcile_handler
+    return hooks + [stage.value for stage, handler in handlers.items() if handler is not None]
 
 
 def _invoke(handler: Handler, kwargs: Mapping[str, Any]) -> Any:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
-from runtimeproxy.hooks.plugin_runner import Outcome, PluginMetrics
+from runtimeproxy.hooks.plugin_runner import OUTCOMES, Outcome, PluginMetrics
 
 from runtimeproxy.common.metrics_export import DURATION_BUCKETS, MetricsServer, format_address, parse_address
 from runtimeproxy.proxy.metrics import CallMetrics
@@ -217,16 +217,31 @@ class ReferencePluginMetrics:
         self.calls.labels(plugin=plugin, hook=hook, outcome=outcome).inc()
         self.duration.labels(plugin=plugin, hook=hook).observe(seconds)
 
+    def expect(self, plugin: str, hooks: list[str]) -> None:
+        """prometheus_client's way to export series before their first count: labels() alone."""
+        for hook in hooks:
+            self.duration.labels(plugin=plugin, hook=hook)
+            for outcome in OUTCOMES:
+                self.calls.labels(plugin=plugin, hook=hook, outcome=outcome)
+
 
 _PluginCall = tuple[str, str, Outcome, float]
+_PluginExpected = tuple[str, str]  # (plugin, hook) whose series are exported at 0 (PluginMetrics.expect)
 
 
-def plugin_expositions(calls: list[_PluginCall], overwrites: list[str]) -> list[tuple[bytes, bytes]]:
-    """(ours, reference) in the Prometheus text format and in OpenMetrics, after ``calls``."""
+def plugin_expositions(
+    calls: list[_PluginCall | _PluginExpected], overwrites: list[str]
+) -> list[tuple[bytes, bytes]]:
+    """(ours, reference) in the Prometheus text format and in OpenMetrics, after ``calls`` (and
+    the series expected among them)."""
     ours_registry, reference_registry = CollectorRegistry(auto_describe=True), CollectorRegistry(auto_describe=True)
     with mock.patch("time.time", return_value=1_700_000_000.25):  # equal _created stamps
         ours, reference = PluginMetrics(ours_registry), ReferencePluginMetrics(reference_registry)
         for call in calls:
+            if len(call) == 2:
+                ours.expect(call[0], [call[1]])
+                reference.expect(call[0], [call[1]])
+                continue
             ours.record(*call)
             reference.record(*call)
         for kind in overwrites:
@@ -237,20 +252,23 @@ def plugin_expositions(calls: list[_PluginCall], overwrites: list[str]) -> list[
     ]
 
 
+_plugins = st.sampled_from(["cpu", "memory", "resctrl", 'x"y\\z\n', ""])
+_hooks = st.sampled_from(["PreRunPodSandbox", "PreCreateContainer", "PostStartContainer", "start", "reconcile"])
 _plugin_calls = st.lists(
     st.tuples(
-        st.sampled_from(["cpu", "memory", "resctrl", 'x"y\\z\n', ""]),
-        st.sampled_from(["PreRunPodSandbox", "PreCreateContainer", "PostStartContainer", "start", "reconcile"]),
-        st.sampled_from(["ok", "error", "timeout", "invalid", "busy"]),
+        _plugins,
+        _hooks,
+        st.sampled_from(OUTCOMES),
         st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([*DURATION_BUCKETS, 0.0, -0.0]),
-    ),
+    )
+    | st.tuples(_plugins, _hooks),
     max_size=40,
 )
 
 
 @given(calls=_plugin_calls, overwrites=st.lists(st.sampled_from(["annotations", "env", "resources.unified"])))
 def test_plugin_exposition_equals_prometheus_counter_and_histogram(
-    calls: list[_PluginCall], overwrites: list[str]
+    calls: list[_PluginCall | _PluginExpected], overwrites: list[str]
 ) -> None:
     for ours, reference in plugin_expositions(calls, overwrites):
         assert ours == reference
@@ -284,6 +302,21 @@ def test_plugin_metrics_count_by_plugin_hook_and_outcome(registry: CollectorRegi
     assert got[key(hist + "_sum", plugin="cpu", hook="PreCreateContainer")] == pytest.approx(1.0004)
     assert got[key(hist + "_bucket", plugin="memory", hook="PreCreateContainer", le="0.0025")] == 1
     assert got[key(hist + "_bucket", plugin="memory", hook="PreCreateContainer", le="0.001")] == 0
+
+
+def test_expected_series_are_exported_at_zero_and_keep_their_counts(registry: CollectorRegistry) -> None:
+    m = PluginMetrics(registry)
+    m.record("cpu", "PreCreateContainer", "error", 0.001)
+    m.expect("cpu", ["PreCreateContainer", "reconcile"])
+    m.expect("cpu", ["PreCreateContainer"])  # again: nothing changes
+    got = samples(registry)
+    calls = "runtimeproxy_hooks_plugin_calls_total"
+    for outcome in OUTCOMES:
+        assert got[key(calls, plugin="cpu", hook="reconcile", outcome=outcome)] == 0
+        assert got[key(calls, plugin="cpu", hook="PreCreateContainer", outcome=outcome)] == (outcome == "error")
+    assert got[key("runtimeproxy_hooks_plugin_call_duration_seconds_count", plugin="cpu", hook="reconcile")] == 0
+    m.record("cpu", "reconcile", "timeout", 2.0)
+    assert samples(registry)[key(calls, plugin="cpu", hook="reconcile", outcome="timeout")] == 1
 
 
 def test_second_plugin_metrics_in_same_registry_fails(registry: CollectorRegistry) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from runtimeproxy.common.metrics_export import CallCollector, CallFamilies
 
-__all__ = ["NriMetrics"]
+__all__ = ["EVENT_OUTCOMES", "NriMetrics"]
 
 _EVENT_FAMILIES = CallFamilies(
     "runtimehooks_nri_events",
@@ -16,6 +18,10 @@ _EVENT_FAMILIES = CallFamilies(
     ("event",),
     "outcome",
 )
+
+
+# How an event can end (NriMetrics' doc says when each applies).
+EVENT_OUTCOMES = ("ok", "failed", "deadline", "error")
 
 
 def _event_labels(event: str) -> tuple[str]:
@@ -50,3 +56,9 @@ class NriMetrics:
 
     def record(self, event: str, outcome: str, seconds: float) -> None:
         self.events.record(event, outcome, seconds)
+
+    def expect(self, events: Iterable[str]) -> None:
+        """Export the counters of ``events`` at 0 for every outcome, so that an alert sees the
+        first event that fails."""
+        for event in events:
+            self.events.declare(event, EVENT_OUTCOMES)

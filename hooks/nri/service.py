@@ -140,6 +140,7 @@ class NriHooks:
         self.sync_parts.reset()  # a new connection: no parts of an earlier one's Synchronize
         mask = event_mask(self.runner.hook_points, oom_at_start=not self.runtime.oom_in_adjustment)
         subscribed = [name for event, name in EVENT_NAMES.items() if mask & (1 << (event - 1))]
+        self.metrics.expect(subscribed)
         log.info(
             "NRI configured",
             runtime=request.runtime_name,

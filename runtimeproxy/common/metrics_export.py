@@ -11,7 +11,7 @@ import socketserver
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
@@ -124,10 +124,22 @@ class CallCollector(Generic[K, E]):
             series.buckets[bisect_left(self._bounds, seconds)] += 1
         series.total += seconds
 
-    def _first_of_extra(self, key: K, series: _Series[E], extra: E) -> None:
+    def _first_of_extra(self, key: K, series: _Series[E], extra: E, count: int = 1) -> None:
         series.extra_created[extra] = time.time()
-        series.extras[extra] = 1
+        series.extras[extra] = count
         self._extra_order.append((key, extra))  # last: a scrape finds the series complete
+
+    def declare(self, key: K, extras: Iterable[E]) -> None:
+        """Export ``key``'s counter at 0 for each of ``extras`` not counted yet, and its histogram
+        empty: a series born with its first count has no earlier sample, so an alert on increase()
+        would never see that first count. From the recording thread, as ``record``."""
+        try:
+            series = self._series[key]
+        except KeyError:
+            series = self._series[key] = _Series(time.time(), len(self._bounds))
+        for extra in extras:
+            if extra not in series.extras:
+                self._first_of_extra(key, series, extra, 0)
 
     def describe(self) -> Iterator[Metric]:
         """The families without samples: what the registry checks for duplicate names."""

@@ -189,10 +189,12 @@ class HookMetrics:
         """The refused-calls counter of ``server``'s pre-hook ``point`` (created at 0 if new)."""
         return self.refused.labels(_METHOD_BEFORE[point], server, point.value)
 
-    def expect_refusals(self, servers: list[HookServer]) -> None:
-        """Export the refusal counters of the Fail servers' pre-hooks at 0, so that an alert
-        sees the first refusal."""
+    def expect_calls(self, servers: list[HookServer]) -> None:
+        """Export the servers' hook-call counters at 0 for every outcome (and the Fail servers'
+        refusal counters), so that an alert sees the first failure or refusal."""
         for server in servers:
+            for point in server.hooks:
+                self.calls.declare((server.name, point), HookCallOutcome)
             if server.failure_policy == FailurePolicy.FAIL:
                 for point in server.hooks:
                     if point.stage == "pre":
@@ -303,10 +305,10 @@ class Dispatcher:
         return channel
 
     def _servers_changed(self, servers: list[HookServer]) -> None:
-        """Close channels of endpoints no registered server uses any more; export the new Fail
-        servers' refusal counters."""
+        """Close channels of endpoints no registered server uses any more; export the new
+        servers' call counters and the new Fail servers' refusal counters."""
         if self.metrics is not None:
-            self.metrics.expect_refusals(servers)
+            self.metrics.expect_calls(servers)
         wanted = {server.endpoint for server in servers}
         for endpoint in [e for e in self._channels if e not in wanted]:
             channel = self._channels.pop(endpoint)

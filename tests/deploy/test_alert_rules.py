@@ -9,6 +9,7 @@ machine without it fails these tests, never skips them.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -175,8 +176,11 @@ def test_both_daemons_metrics_pass_promtool_check_metrics(node: MonitoredNode) -
     refusals = {"method": "RemovePodSandbox", "server": "zz-fail.json", "hook": "PreRemovePodSandbox"}
     assert metric(proxy, "runtimeproxy_cri_calls_refused_total", **refusals) == 0
     assert metric(proxy, "runtimeproxy_hook_layer_errors_total", method="RunPodSandbox", action="refused") == 0
-    assert (metric(proxy, "runtimeproxy_hook_calls_total", server="runtime-hooks.json", outcome="ok") or 0) > 0
+    called = {"server": "runtime-hooks.json", "hook": "PreRunPodSandbox", "outcome": "ok"}
+    assert (metric(proxy, "runtimeproxy_hook_calls_total", **called) or 0) > 0
+    assert_alerted_counters_at_zero("runtime-proxy", proxy, ("runtimeproxy_cri_", "runtimeproxy_hook_"))
     assert_hooks_metrics(node)
+    assert_alerted_counters_at_zero("runtime-hooks", node.hooks_metrics(), ("runtimeproxy_hooks_",))
 
 
 @pytest.mark.e2e
@@ -207,6 +211,44 @@ def test_runtime_hooks_metrics_in_nri_mode_pass_promtool_check_metrics(nri_node:
         run_be_pod(node, cri)
     assert metric(node.hooks_metrics(), "runtimehooks_nri_connected") == 1
     assert_hooks_metrics(node)
+    assert_alerted_counters_at_zero("runtime-hooks", node.hooks_metrics(), ("runtimeproxy_hooks_", "runtimehooks_"))
+
+
+# increase(NAME{matchers}[window]) in an alert's expression, and one label matcher.
+INCREASE = re.compile(r"increase\((\w+)(?:\{([^}]*)\})?\[")
+MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def increase_selectors() -> dict[str, list[tuple[str, str, str]]]:
+    """The counters the alerts take increase() of, with the label matchers they select by."""
+    found: dict[str, list[tuple[str, str, str]]] = {}
+    for rule in alerts().values():
+        for name, matchers in INCREASE.findall(rule["expr"]):
+            found[name] = MATCHER.findall(matchers)
+    return found
+
+
+def selected(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bool:
+    """Whether PromQL's matchers pick a series with ``labels`` (regexes match whole values)."""
+    for label, op, value in matchers:
+        have = labels.get(label, "")
+        hit = re.fullmatch(value, have) is not None if op in ("=~", "!~") else have == value
+        if hit != (op in ("=", "=~")):
+            return False
+    return True
+
+
+def assert_alerted_counters_at_zero(daemon: str, text: str, prefixes: tuple[str, ...]) -> None:
+    """Each counter (named with one of ``prefixes``) that an alert takes increase() of has, before
+    anything failed, series the alert's selector picks, at 0: the first failure is then an
+    increase. A series born with its first count would have no earlier sample to increase from."""
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    counters = {name: matchers for name, matchers in increase_selectors().items() if name.startswith(prefixes)}
+    assert counters, (daemon, prefixes)
+    for name, matchers in counters.items():
+        picked = [sample for sample in samples if sample.name == name and selected(sample.labels, matchers)]
+        assert picked, f"{daemon}: no series of {name} an alert could see increase"
+        assert {sample.value for sample in picked} == {0.0}, (daemon, name, picked)
 
 
 def assert_clean_metrics(daemon: str, text: str) -> None:

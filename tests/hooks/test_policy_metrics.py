@@ -10,8 +10,8 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from metric_samples import samples_of
+from prometheus_client import CollectorRegistry
 from runtimeproxy.hooks.discovery import settings_specs
 from runtimeproxy.hooks.plugins import cpu, memory, resctrl
 from runtimeproxy.hooks.policy import LoadFailure, PolicyWatcher, default_policy, dump_policy, loads_policy
@@ -26,22 +26,12 @@ GOOD = "resctrl: {BE: {l3_percent_range: [0, 20]}}\n"
 OTHER = "resctrl: {BE: {l3_percent_range: [0, 40]}}\n"
 
 
-def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    text = generate_latest(registry).decode()
-    return {
-        tuple(sorted(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    }
-
-
 def hashes(registry: CollectorRegistry) -> dict[str, float]:
-    return {dict(labels)["hash"]: value for labels, value in samples(registry, INFO).items()}
+    return {dict(labels)["hash"]: value for labels, value in samples_of(registry, INFO).items()}
 
 
 def failures(registry: CollectorRegistry) -> dict[str, float]:
-    return {dict(labels)["cause"]: value for labels, value in samples(registry, FAILURES).items()}
+    return {dict(labels)["cause"]: value for labels, value in samples_of(registry, FAILURES).items()}
 
 
 def write(path: Path, data: str | bytes) -> None:
@@ -77,7 +67,7 @@ def test_from_the_start_the_defaults_and_every_cause_at_zero(registry: Collector
     with mock.patch("time.time", return_value=1_700_000_000.5):
         PolicyMetrics(registry, SPECS, DEFAULTS)
     assert hashes(registry) == {policy_hash(DEFAULTS, SPECS): 1.0}
-    assert samples(registry, LOADED) == {(): 1_700_000_000.5}
+    assert samples_of(registry, LOADED) == {(): 1_700_000_000.5}
     assert failures(registry) == {cause.value: 0.0 for cause in LoadFailure}
 
 
@@ -89,7 +79,7 @@ def test_a_reload_replaces_the_info_series(
     with mock.patch("time.time", return_value=1_800_000_000.0):
         assert watcher.check()
     assert hashes(registry) == {policy_hash(watcher.current, SPECS): 1.0}
-    assert samples(registry, LOADED) == {(): 1_800_000_000.0}
+    assert samples_of(registry, LOADED) == {(): 1_800_000_000.0}
     write(path, OTHER)
     assert watcher.check()
     assert hashes(registry) == {policy_hash(loads_policy(OTHER, specs=SPECS), SPECS): 1.0}  # the old one is gone
@@ -98,7 +88,7 @@ def test_a_reload_replaces_the_info_series(
     with mock.patch("time.time", return_value=1_900_000_000.0):
         assert not watcher.check()
     assert len(hashes(registry)) == 1
-    assert samples(registry, LOADED) == {(): 1_900_000_000.0}
+    assert samples_of(registry, LOADED) == {(): 1_900_000_000.0}
     assert set(failures(registry).values()) == {0.0}
 
 
@@ -122,12 +112,12 @@ def test_a_refused_version_is_counted_by_cause_and_the_last_good_policy_stays(
     path, watcher, metrics = watched
     write(path, GOOD)
     assert watcher.check()
-    good, loaded = metrics.hash, samples(registry, LOADED)
+    good, loaded = metrics.hash, samples_of(registry, LOADED)
     write(path, content)
     assert not watcher.check()
     assert failures(registry) == {c.value: 1.0 if c is cause else 0.0 for c in LoadFailure}
     assert hashes(registry) == {good: 1.0}
-    assert samples(registry, LOADED) == loaded
+    assert samples_of(registry, LOADED) == loaded
 
 
 def test_an_unreadable_and_a_removed_file_are_counted(
