@@ -46,7 +46,9 @@ reconciler re-applies ours after a resize.
   not done: it is driven by usage and throttling metrics over time (koordlet's metric cache),
   which this plugin does not collect (docs/koordinator-parity.md).
 * **cpu.idle** is the class's ``cpu_idle`` (1 or 0); the defaults leave it 0 for every
-  class. **Group identity** (Alibaba Cloud Linux only) is chosen per pod as koordlet chooses
+  class. The kernel pins an idle group's shares (and refuses writes to them), so a pod's
+  shares are written before its group is made idle and after it is made not idle, never while
+  it stays idle. **Group identity** (Alibaba Cloud Linux only) is chosen per pod as koordlet chooses
   it (:mod:`.cpu_qos`: the class's ``group_identity``, 0 when its ``group_identity_enabled``
   is false, Kubernetes QoS for a pod without a class label, an LS pod's own
   ``koordinator.sh/cpuQOS``); the reconciler also keeps it in the pod's containers, in
@@ -618,18 +620,23 @@ def apply_pod_plan(
     if burst_to is not None and _write("burst", log, fs.set_cpu_burst, parent, burst_to):
         written.append("burst")
 
+    # The kernel pins an idle group's shares and refuses to write them (EINVAL); making it not
+    # idle resets them to 1024. So the shares are written while the group is not idle: after
+    # making it not idle, before making it idle, never while it is and stays so.
+    idle_text = fs.read_if_exists("cpu", "cpu.idle", parent) if plan.cpu_idle is not None else None
+    idle_now = _to_int(idle_text) if idle_text is not None else None
+    idle_to = None if idle_now is None or idle_now == (1 if plan.cpu_idle else 0) else plan.cpu_idle
+    if idle_to is False and _write("idle", log, fs.set_cpu_idle, parent, False):
+        written.append("idle")
     if (
         plan.cpu_shares is not None
+        and not (idle_now == 1 and idle_to is None)  # idle, and stays so: pinned
         and (at_start or _shares_differ(fs, plan))
         and _write("shares", log, fs.set_cpu_shares, parent, plan.cpu_shares, present=at_start)
     ):
         written.append("shares")
-
-    idle_text = fs.read_if_exists("cpu", "cpu.idle", parent) if plan.cpu_idle is not None else None
-    if plan.cpu_idle is not None and idle_text is not None:
-        idle_now = _to_int(idle_text)
-        if idle_now != (1 if plan.cpu_idle else 0) and _write("idle", log, fs.set_cpu_idle, parent, plan.cpu_idle):
-            written.append("idle")
+    if idle_to is True and _write("idle", log, fs.set_cpu_idle, parent, True):
+        written.append("idle")
 
     bvt_text = fs.read_if_exists("cpu", "cpu.bvt_warp_ns", parent) if plan.group_identity is not None else None
     if plan.group_identity is not None and bvt_text is not None:
