@@ -16,7 +16,9 @@ loop closed with lines collected in its last turn leaves them for the next write
 A server whose caller waits for its answer takes :func:`hold` while it answers: collected lines
 are then written after the answer, not in the loop turns before it (the caller's wait does not
 include our logging); lines of the thread that holds are collected without scheduling a flush.
-Lines wait at most as long as the longest answer held. Meanwhile they are not even processed:
+Lines wait at most as long as the longest answer held, and at most :data:`HELD_LINES_MAX` of
+them: a handler that logs more has them written as they come (the answer then waits for them),
+so a flood of lines cannot grow the daemon's memory. Meanwhile they are not even processed:
 the processor chain (context variables, level, timestamp, renderer) runs when they are written,
 on what was logged, with the time and the context variables of the moment it was logged; so a
 value logged must not be changed afterwards. Error/critical lines and lines with ``exc_info``
@@ -85,6 +87,8 @@ _running_loop = asyncio._get_running_loop  # the C lookup asyncio.get_running_lo
 # Answers in flight that write their answer before the collected lines (hold()), counted by the
 # thread that took them: that thread's lines need no flush of their own.
 _holding: dict[int, int] = {}
+#: Lines kept (for the answers in flight, or a loop turn) at most; at this many they are written at once.
+HELD_LINES_MAX = 1000
 
 
 def _write(text: str) -> None:
@@ -163,11 +167,14 @@ def _holding_wrapper(min_level: int) -> type[FilteringBoundLogger]:
 
 def _collected_for_holder(line: Callable[[], str | _Held]) -> bool:
     """Collect ``line()`` if this thread holds an answer, and say so. Its release writes the line:
-    no flush to arm, nor a look for the loop (a getpid(2) per line on Python 3.11)."""
+    no flush to arm, nor a look for the loop (a getpid(2) per line on Python 3.11). At
+    HELD_LINES_MAX lines kept, they are written now, in order."""
     with _lock:
         if threading.get_ident() not in _holding:
             return False
         _pending.append(line())
+        if len(_pending) >= HELD_LINES_MAX:
+            _write_pending()
         return True
 
 
@@ -177,14 +184,19 @@ def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
         _armed.discard(loop)
         if _holding:  # an answer is in flight: its release() writes the lines
             return
-        text = _take_pending()
-        if not text:
-            return
-        try:
-            _write(text)
-        except (OSError, ValueError) as exc:  # stdout closed or gone: say so where it can still be read
-            lost = text.count("\n")
-            sys.stderr.write(f"runtimeproxy.common.logs: {lost} log lines lost: {exc!r}\n")
+        _write_pending()
+
+
+def _write_pending() -> None:
+    """Write every collected line (caller holds _lock); a failed write is said on stderr."""
+    text = _take_pending()
+    if not text:
+        return
+    try:
+        _write(text)
+    except (OSError, ValueError) as exc:  # stdout closed or gone: say so where it can still be read
+        lost = text.count("\n")
+        sys.stderr.write(f"runtimeproxy.common.logs: {lost} log lines lost: {exc!r}\n")
 
 
 def hold() -> Callable[[], None]:
@@ -258,6 +270,9 @@ class _StdoutLogger:
             return
         with _lock:
             _pending.append(message + "\n")
+            if len(_pending) >= HELD_LINES_MAX:  # kept for another thread's answer: not more
+                _write_pending()
+                return
             if loop in _armed:
                 return
             _armed.add(loop)

@@ -368,3 +368,56 @@ def test_a_line_logged_with_a_traceback_is_rendered_at_once_and_keeps_the_order(
 
     with out.installed():
         asyncio.run(main())
+
+
+def test_held_lines_are_written_at_the_cap_in_order_and_none_is_lost(
+    out: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler that logs a flood while its answer is held has its lines written as the cap is
+    reached: memory stays bounded, the order and every line are kept."""
+    monkeypatch.setattr(logs, "HELD_LINES_MAX", 4)
+
+    async def main() -> None:
+        release = logs.hold()
+        for n in range(10):
+            log.info(f"line {n}")
+        assert out.events() == [[f"line {n}" for n in range(4)], [f"line {n}" for n in range(4, 8)]]
+        release()
+        assert out.events()[-1] == ["line 8", "line 9"]  # the rest, at the release
+
+    with out.installed():
+        asyncio.run(main())
+    assert [event for write in out.events() for event in write] == [f"line {n}" for n in range(10)]
+
+
+def test_lines_collected_while_another_thread_holds_are_capped_too(
+    out: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logs, "HELD_LINES_MAX", 3)
+    held = threading.Event()
+    done = threading.Event()
+
+    def holder() -> None:  # another thread's answer in flight: loop turns do not flush meanwhile
+        release = logs.hold()
+        held.set()
+        done.wait(10)
+        release()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(10)
+
+    async def main() -> None:
+        for n in range(5):
+            log.info(f"line {n}")
+            await asyncio.sleep(0)
+        assert out.events() == [["line 0", "line 1", "line 2"]]
+
+    try:
+        with out.installed():
+            asyncio.run(main())
+            done.set()
+            thread.join(10)
+    finally:
+        done.set()
+    assert [event for write in out.events() for event in write] == [f"line {n}" for n in range(5)]
