@@ -72,7 +72,8 @@ def test_a_container_value_changed_behind_the_runtimes_back_is_set_back(node: No
     assert be_values(be) == BE_VALUES
     side = be.containers["side"]
     (cgroup_dir("cpu", be.parent, side) / "cpu.shares").write_text("2")
-    eventually(lambda: be_values(be) == BE_VALUES, 2 * INTERVAL + 1.0, node.hooks_log)
+    # the next round sets it back; the bound leaves room for a loaded machine, not a time asserted
+    eventually(lambda: be_values(be) == BE_VALUES, 2 * INTERVAL + 5.0, node.hooks_log)
     assert node.hooks is not None  # the line comes once the write is made
     line = node.hooks.wait_record(lambda r: r.get("event") == "container repaired")
     assert len(repairs(node)) == 1
