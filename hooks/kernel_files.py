@@ -41,11 +41,19 @@ def read_bytes(
     return b"".join(chunks)
 
 
-def write_bytes(path: str | os.PathLike[str], data: bytes, *, follow: bool = True, dir_fd: int | None = None) -> None:
+def write_bytes(
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    follow: bool = True,
+    dir_fd: int | None = None,
+    truncate: bool = True,
+) -> None:
     """``data`` into the existing file ``path`` (truncated, never created) with one write(2), as the
-    kernel wants for cgroup and /proc settings; ``follow`` and ``dir_fd`` as read_bytes takes them.
-    Such a file takes a write whole or fails it: a short write is OSError EIO."""
-    flags = os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    kernel wants for cgroup and /proc settings; ``follow`` and ``dir_fd`` as read_bytes takes them;
+    ``truncate=False`` opens it without O_TRUNC (a resctrl command file takes a command, not
+    content). Such a file takes a write whole or fails it: a short write is OSError EIO."""
+    flags = os.O_WRONLY | os.O_CLOEXEC | (os.O_TRUNC if truncate else 0) | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         written = os.write(fd, data)

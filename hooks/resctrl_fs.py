@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .kernel_files import read_bytes
+from .kernel_files import read_bytes, write_bytes
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -445,13 +445,7 @@ class KernelOps:
     def write(self, path: Path, data: bytes) -> None:
         if len(data) > PAGE_SIZE:
             raise OSError(errno.E2BIG, f"{len(data)} bytes exceed the {PAGE_SIZE}-byte resctrl command limit")
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            written = os.write(fd, data)
-        finally:
-            os.close(fd)
-        if written != len(data):
-            raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} bytes")
+        write_bytes(path, data, truncate=False)
 
 
 def validate_group_name(name: str) -> str:

@@ -91,3 +91,20 @@ def test_a_setting_is_written_whole_into_an_existing_file_only(tmp_path: Path) -
         write_bytes(tmp_path / "link", b"9", follow=False)
     assert raised.value.errno == errno.ELOOP
     assert (tmp_path / "file").read_bytes() == b"7\n"
+
+
+def test_a_command_is_written_without_truncating(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """truncate=False (resctrl's command files): opened without O_TRUNC, one write(2) as always."""
+    (tmp_path / "schemata").write_bytes(b"L3:0=ff\n")
+    flags: list[int] = []
+    real_open = os.open
+
+    def spying_open(path: object, flag: int, *args: object, **kwargs: object) -> int:
+        flags.append(flag)
+        return real_open(path, flag, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", spying_open)
+    write_bytes(tmp_path / "schemata", b"MB", truncate=False)
+    write_bytes(tmp_path / "schemata", b"L3:0=0f\n")
+    assert [bool(flag & os.O_TRUNC) for flag in flags] == [False, True]
+    assert (tmp_path / "schemata").read_bytes() == b"L3:0=0f\n"
