@@ -41,6 +41,7 @@ from runtimeproxy.common.listener import AlreadyServing
 from runtimeproxy.common.logs import configure_logging
 from runtimeproxy.common.sdnotify import Watchdog, notify
 from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
+from runtimeproxy.kubelet_model.pod_input import node_options
 
 from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots, WeightConversion
 from .container_repair import CgroupWrites, ContainerRepair, RepairApplier, RepairMetrics
@@ -566,6 +567,7 @@ def _table(discovery: DiscoveryResult, enabled: set[str]) -> str:
 @_resctrl_root_option
 @_enable_option
 @_disable_option
+@node_options
 @click.option(
     "--output",
     type=click.Choice(["text", "json"], case_sensitive=False),
@@ -590,6 +592,9 @@ def explain(
     resctrl_root: str,
     enable: tuple[str, ...],
     disable: tuple[str, ...],
+    node_name: str | None,
+    node_ip: str,
+    configmap_files: tuple[str, ...],
     output: str,
     log_level: str,
 ) -> None:
@@ -635,11 +640,14 @@ def explain(
                 weight_conversion=WeightConversion(cpu_weight_conversion),
                 resctrl_root=resctrl_root,
                 cgroup_parent_roots=cgroup_parent_roots.roots,
+                configmap_files=configmap_files,
+                node_name=node_name,
+                node_ip=node_ip,
             )
         )
     except ManifestError as exc:
         _fail(str(exc))
-    except PodSetupError as exc:  # a configMap volume or variable: explain reads no ConfigMaps
+    except PodSetupError as exc:  # e.g. a ConfigMap neither in the input nor given with --configmap
         _fail(f"{manifest}: {exc}")
     explanation.notes += [f"plugin {f.name} not loaded ({f.source}): {f.reason}" for f in discovery.failures]
     explanation.notes += mode_lines((p.name, p.hook_points) for p in runner.plugins)

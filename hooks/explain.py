@@ -46,7 +46,7 @@ from runtimeproxy.hookapi import cri_mapping, resource_fields
 from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
 from runtimeproxy.hookapi.hookpoints import HookPoint
 from runtimeproxy.kubelet_model.kube_qos import KubeQoSClass
-from runtimeproxy.kubelet_model.manifest import load_pod
+from runtimeproxy.kubelet_model.pod_input import load_pod_and_node
 from runtimeproxy.kubelet_model.pod_plan import CgroupDriver as KubeletCgroupDriver
 from runtimeproxy.kubelet_model.pod_plan import PodPlan, build_plan
 
@@ -945,11 +945,16 @@ async def explain_manifest(
     machine_memory: int | None = None,
     kubelet_cgroup_root: str = "/",
     runtime_handler: str = "",
+    configmap_files: Sequence[str] = (),
+    node_name: str | None = None,
+    node_ip: str = "",
     **options: Any,
 ) -> Explanation:
-    """Load the Pod manifest (ManifestError when invalid), plan it as kubelet would, and
-    :func:`explain_plan` it; ``options`` go to explain_plan."""
-    pod = load_pod(manifest)
+    """Load the Pod manifest (ManifestError when invalid) with the ConfigMaps and node facts it
+    needs (:func:`~runtimeproxy.kubelet_model.pod_input.load_pod_and_node`: those in its input and
+    in ``configmap_files``), plan it as kubelet would (PodSetupError for a volume or variable
+    that cannot be resolved), and :func:`explain_plan` it; ``options`` go to explain_plan."""
+    pod, node, _ = load_pod_and_node(os.fspath(manifest), configmap_files, node_name, node_ip)
     driver: KubeletCgroupDriver = cgroup_driver
     plan = build_plan(
         pod,
@@ -958,6 +963,7 @@ async def explain_manifest(
         cgroup_driver=driver,
         cgroup_root=kubelet_cgroup_root,
         runtime_handler=runtime_handler,
+        node=node,
     )
     return await explain_plan(plan, plugins, cgroup_driver=cgroup_driver, **options)
 

@@ -29,9 +29,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from runtimeproxy.kubelet_model.pod_input import node_options
+
 if TYPE_CHECKING:  # the kubernetes client is slow to import: only when play runs
     from runtimeproxy.kubelet_model.manifest import ManifestError
-    from runtimeproxy.kubelet_model.pod_plan import CgroupDriver, NodeFacts, PodPlan
+    from runtimeproxy.kubelet_model.pod_plan import CgroupDriver, PodPlan
     from runtimeproxy.play.runner import PlayError
 
 __all__ = ["DEFAULT_ENDPOINT", "DEFAULT_LOG_DIR", "play_command"]
@@ -118,19 +120,7 @@ def _plan_dump(plan: PodPlan) -> dict[str, Any]:
     show_default=True,
     help="Where the pods' configMap and emptyDir volumes go (kubelet's --root-dir, /var/lib/kubelet).",
 )
-@click.option(
-    "--node-name",
-    default=None,
-    help="The node's name: spec.nodeName, and the node a DaemonSet's pod is made for [default: the host name].",
-)
-@click.option("--node-ip", default="", help="The node's address, for status.hostIP in the environment.")
-@click.option(
-    "--configmap",
-    "configmap_files",
-    multiple=True,
-    type=click.Path(dir_okay=False),
-    help="A file with ConfigMaps the pod's volumes or variables name (repeatable).",
-)
+@node_options
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -171,6 +161,7 @@ def play_command(
     kubelet would compute. Images must be on the node unless --pull is given.
     """
     from runtimeproxy.kubelet_model.manifest import ManifestError
+    from runtimeproxy.kubelet_model.pod_input import load_pod_and_node
     from runtimeproxy.kubelet_model.pod_plan import build_plan
     from runtimeproxy.kubelet_model.volumes import PodSetupError
     from runtimeproxy.play.cri_client import CriClient
@@ -183,7 +174,7 @@ def play_command(
         click.echo(line, err=as_json)
 
     try:
-        pod, node, derived_from = _load(manifest, configmap_files, node_name, node_ip)
+        pod, node, derived_from = load_pod_and_node(manifest, configmap_files, node_name, node_ip)
         plan = build_plan(
             pod,
             log_dir_base=os.path.abspath(log_dir),
@@ -267,35 +258,6 @@ def play_command(
             say(f"  {container.name}\t{container.container_id}")
 
 
-def _load(
-    manifest: str, configmap_files: tuple[str, ...], node_name: str | None, node_ip: str
-) -> tuple[Any, NodeFacts, str]:
-    """The pod, the node facts with every ConfigMap of the input and of ``--configmap``, and
-    what the pod was derived from ("" for a Pod)."""
-    import socket
-
-    from runtimeproxy.kubelet_model.manifest import load_pod_input
-    from runtimeproxy.kubelet_model.pod_plan import NodeFacts
-
-    node = node_name or socket.gethostname()
-    loaded = load_pod_input(manifest, node_name=node)
-    config_maps = dict(loaded.config_maps)
-    namespace = str(getattr(loaded.pod.metadata, "namespace", ""))
-    for path in configmap_files:
-        config_maps.update(_config_maps_in(path, namespace))
-    return loaded.pod, NodeFacts(node_name=node, node_ip=node_ip, config_maps=config_maps), loaded.derived_from
-
-
-def _config_maps_in(path: str, namespace: str) -> dict[str, Any]:
-    """The ConfigMaps of one --configmap file that are in the pod's namespace."""
-    from runtimeproxy.kubelet_model.manifest import ManifestError, parse_config_maps_text
-
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError(path, "", f"cannot read ConfigMaps: {exc}") from exc
-    return {name: cm for name, cm in parse_config_maps_text(text, path).items() if cm.namespace == namespace}
 
 
 def _plan_text(plan: PodPlan, action: str) -> str:

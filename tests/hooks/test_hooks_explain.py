@@ -586,3 +586,51 @@ def test_explain_command_takes_the_weight_conversion(
     assert result.exit_code == 0 and json.loads(result.output)["node"]["cpu_weight_conversion"] == "log-quadratic"
     result = CliRunner().invoke(cli, [*args, "--cpu-weight-conversion", "cubic"])
     assert result.exit_code == 2 and "'cubic' is not one of 'linear', 'log-quadratic'" in result.output
+
+
+CONFIG_POD = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: shop, labels: {koordinator.sh/qosClass: LS}}
+spec:
+  containers:
+    - name: app
+      image: localhost/runtimeproxy-testbed/busybox:1
+      command: ["sleep", "3600"]
+      resources: {requests: {cpu: 500m}}
+      env:
+        - {name: MODE, valueFrom: {configMapKeyRef: {name: settings, key: mode}}}
+        - {name: HOST_IP, valueFrom: {fieldRef: {fieldPath: status.hostIP}}}
+      volumeMounts: [{name: config, mountPath: /etc/app}]
+  volumes:
+    - {name: config, configMap: {name: settings}}
+"""
+CONFIG_MAP = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: shop}
+data: {mode: fast}
+"""
+
+
+def test_explain_command_reads_the_configmaps_the_pod_names(
+    installed: None, node: tuple[FakeCgroup, FakeResctrl], tmp_path: Path
+) -> None:
+    """A pod with a configMap volume and variables is explained as `runtime-proxy play` would
+    start it: with the ConfigMaps of its input or of --configmap files, and the node's address."""
+    tree, resctrl = node
+    alone, together, maps = tmp_path / "pod.yaml", tmp_path / "pod-and-map.yaml", tmp_path / "maps.yaml"
+    alone.write_text(CONFIG_POD)
+    together.write_text(CONFIG_POD + "---\n" + CONFIG_MAP)
+    maps.write_text(CONFIG_MAP)
+    node_args = ["--cgroup-root", str(tree.root), "--resctrl-root", str(resctrl.root), "--node-ip", "10.0.0.7"]
+
+    missing = CliRunner().invoke(cli, ["explain", str(alone), *node_args])
+    assert missing.exit_code == 1
+    assert "configmap 'settings' not found" in missing.output and "--configmap" in missing.output
+    for args in ([str(together)], [str(alone), "--configmap", str(maps)]):
+        result = CliRunner().invoke(cli, ["explain", *args, *node_args, "--output", "json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["qos_class"] == "LS"
+    no_ip = CliRunner().invoke(cli, ["explain", str(together), "--cgroup-root", str(tree.root)])
+    assert no_ip.exit_code == 1 and "--node-ip" in no_ip.output
