@@ -220,7 +220,6 @@ class ReferencePluginMetrics:
     def expect(self, plugin: str, hooks: list[str]) -> None:
         """prometheus_client's way to export series before their first count: labels() alone."""
         for hook in hooks:
-            self.duration.labels(plugin=plugin, hook=hook)
             for outcome in OUTCOMES:
                 self.calls.labels(plugin=plugin, hook=hook, outcome=outcome)
 
@@ -314,9 +313,13 @@ def test_expected_series_are_exported_at_zero_and_keep_their_counts(registry: Co
     for outcome in OUTCOMES:
         assert got[key(calls, plugin="cpu", hook="reconcile", outcome=outcome)] == 0
         assert got[key(calls, plugin="cpu", hook="PreCreateContainer", outcome=outcome)] == (outcome == "error")
-    assert got[key("runtimeproxy_hooks_plugin_call_duration_seconds_count", plugin="cpu", hook="reconcile")] == 0
+    hist = "runtimeproxy_hooks_plugin_call_duration_seconds_count"
+    assert key(hist, plugin="cpu", hook="reconcile") not in got  # no histogram before an observation
+    assert got[key(hist, plugin="cpu", hook="PreCreateContainer")] == 1
     m.record("cpu", "reconcile", "timeout", 2.0)
-    assert samples(registry)[key(calls, plugin="cpu", hook="reconcile", outcome="timeout")] == 1
+    got = samples(registry)
+    assert got[key(calls, plugin="cpu", hook="reconcile", outcome="timeout")] == 1
+    assert got[key(hist, plugin="cpu", hook="reconcile")] == 1
 
 
 def test_second_plugin_metrics_in_same_registry_fails(registry: CollectorRegistry) -> None:
@@ -362,6 +365,36 @@ def test_scrapes_from_another_thread_while_recording(registry: CollectorRegistry
     assert not failures
     assert seen == sorted(seen)  # counts only grow, scrape after scrape
     assert sum(v for (name, _), v in samples(registry).items() if name == "runtimeproxy_cri_calls_total") == 20_000
+
+
+def test_scrapes_while_declared_keys_get_their_first_observation(registry: CollectorRegistry) -> None:
+    """A declared key moves to the observed ones at its first call: a scrape meanwhile finds it."""
+    m = PluginMetrics(registry)
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def scrape_until_done() -> None:
+        try:
+            while not done.is_set():
+                samples(registry)
+        except BaseException as exc:  # reported to the test thread
+            failures.append(exc)
+
+    scraper = threading.Thread(target=scrape_until_done)
+    scraper.start()
+    try:
+        for n in range(3_000):
+            m.expect(f"plugin-{n}", ["PreCreateContainer"])
+            m.record(f"plugin-{n}", "PreCreateContainer", "ok", 0.001)
+    finally:
+        done.set()
+        scraper.join()
+    assert not failures
+    got = samples(registry)
+    calls = "runtimeproxy_hooks_plugin_calls_total"
+    assert sum(v for (name, _), v in got.items() if name == calls) == 3_000
+    count = "runtimeproxy_hooks_plugin_call_duration_seconds_count"
+    assert sum(1 for (name, _) in got if name == count) == 3_000
 
 
 @pytest.mark.parametrize(

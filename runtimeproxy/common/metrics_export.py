@@ -105,7 +105,10 @@ class CallCollector(Generic[K, E]):
         self._bucket_labels = tuple(floatToGoString(b) for b in self._bounds)  # type: ignore[no-untyped-call]
         self._key_labels = key_labels
         self._extra_label = extra_label
-        self._series: dict[K, _Series[E]] = {}
+        self._series: dict[K, _Series[E]] = {}  # observed keys, in the order of their first observation
+        # Keys declared and not yet observed: their counters only (declare). A key is moved to
+        # _series, added there before it leaves here, at its first observation.
+        self._declared: dict[K, _Series[E]] = {}
         # (key, extra) in the order each was first recorded: the counter's sample order.
         self._extra_order: list[tuple[K, E]] = []
         registry.register(self)
@@ -115,7 +118,7 @@ class CallCollector(Generic[K, E]):
         try:  # a subscript, not .get(): no method call on the path every call takes
             series = self._series[key]
         except KeyError:
-            series = self._series[key] = _Series(time.time(), len(self._bounds))
+            series = self._first_observation(key)
         try:
             series.extras[extra] += 1
         except KeyError:
@@ -129,14 +132,24 @@ class CallCollector(Generic[K, E]):
         series.extras[extra] = count
         self._extra_order.append((key, extra))  # last: a scrape finds the series complete
 
+    def _first_observation(self, key: K) -> _Series[E]:
+        series = self._declared.get(key)
+        if series is None:
+            series = _Series(time.time(), len(self._bounds))
+        else:
+            series.created = time.time()  # the histogram's, as it starts now
+        self._series[key] = series
+        self._declared.pop(key, None)  # after: a scrape finds the key in one of the two
+        return series
+
     def declare(self, key: K, extras: Iterable[E]) -> None:
-        """Export ``key``'s counter at 0 for each of ``extras`` not counted yet, and its histogram
-        empty: a series born with its first count has no earlier sample, so an alert on increase()
-        would never see that first count. From the recording thread, as ``record``."""
-        try:
-            series = self._series[key]
-        except KeyError:
-            series = self._series[key] = _Series(time.time(), len(self._bounds))
+        """Export ``key``'s counter at 0 for each of ``extras`` not counted yet (its histogram
+        comes with the first observation, as prometheus_client's would): a series born with its
+        first count has no earlier sample, so an alert on increase() would never see that first
+        count. From the recording thread, as ``record``."""
+        series = self._series.get(key) or self._declared.get(key)
+        if series is None:
+            series = self._declared[key] = _Series(time.time(), len(self._bounds))
         for extra in extras:
             if extra not in series.extras:
                 self._first_of_extra(key, series, extra, 0)
@@ -149,13 +162,14 @@ class CallCollector(Generic[K, E]):
     def collect(self) -> Iterator[Metric]:
         """Called from the scraping thread; see the class comment for why no lock is needed."""
         order = list(self._extra_order)  # before the series: each key in it has its series
+        declared = dict(self._declared)  # before the observed ones: a key moving is in one of them
         series = dict(self._series)
         # Whether Counter and Histogram export _created now (PROMETHEUS_DISABLE_CREATED_SERIES,
         # disable_created_metrics()): prometheus_client keeps it in this module variable.
         created = bool(getattr(prometheus_metrics, "_use_created", True))
         calls = self._families.counter()
         for key, extra in order:
-            one = series[key]
+            one = series.get(key) or declared[key]
             stamp = one.extra_created[extra] if created else None
             calls.add_metric((*self._key_labels(key), self._extra_label(extra)), float(one.extras[extra]), stamp)
         duration, names = self._families.histogram(), self._families.labels
