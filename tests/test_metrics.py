@@ -4,7 +4,8 @@ import math
 import socket
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 from unittest import mock
 
 import prometheus_client
@@ -338,31 +339,45 @@ def test_nan_duration_is_summed_but_in_no_bucket(registry: CollectorRegistry) ->
     assert math.isnan(got[key(hist + "_sum", method="Version")])
 
 
-def test_scrapes_from_another_thread_while_recording(registry: CollectorRegistry) -> None:
-    """The event loop records without locks while the metrics server's thread collects."""
-    m = CallMetrics(registry)
-    methods = [f"/svc/M{n}" for n in range(50)]
+def record_while_scraping(
+    registry: CollectorRegistry, record: Callable[[], None], on_scrape: Callable[[Any], None] = lambda got: None
+) -> None:
+    """Run ``record`` on this thread while another scrapes ``registry`` again and again (each
+    scrape's samples to ``on_scrape``), as the metrics server's thread does; its errors re-raised."""
     done = threading.Event()
     failures: list[BaseException] = []
-    seen: list[float] = []
 
     def scrape_until_done() -> None:
         try:
             while not done.is_set():
-                got = samples(registry)
-                seen.append(sum(v for (name, _), v in got.items() if name == "runtimeproxy_cri_calls_total"))
+                on_scrape(samples(registry))
         except BaseException as exc:  # reported to the test thread
             failures.append(exc)
 
     scraper = threading.Thread(target=scrape_until_done)
     scraper.start()
     try:
-        for n in range(20_000):
-            m.record(methods[n % len(methods)], n % 17, 0.001)
+        record()
     finally:
         done.set()
         scraper.join()
-    assert not failures
+    assert not failures, failures
+
+
+def test_scrapes_from_another_thread_while_recording(registry: CollectorRegistry) -> None:
+    """The event loop records without locks while the metrics server's thread collects."""
+    m = CallMetrics(registry)
+    methods = [f"/svc/M{n}" for n in range(50)]
+    seen: list[float] = []
+
+    def record() -> None:
+        for n in range(20_000):
+            m.record(methods[n % len(methods)], n % 17, 0.001)
+
+    def total(got: Any) -> None:
+        seen.append(sum(v for (name, _), v in got.items() if name == "runtimeproxy_cri_calls_total"))
+
+    record_while_scraping(registry, record, total)
     assert seen == sorted(seen)  # counts only grow, scrape after scrape
     assert sum(v for (name, _), v in samples(registry).items() if name == "runtimeproxy_cri_calls_total") == 20_000
 
@@ -370,26 +385,13 @@ def test_scrapes_from_another_thread_while_recording(registry: CollectorRegistry
 def test_scrapes_while_declared_keys_get_their_first_observation(registry: CollectorRegistry) -> None:
     """A declared key moves to the observed ones at its first call: a scrape meanwhile finds it."""
     m = PluginMetrics(registry)
-    done = threading.Event()
-    failures: list[BaseException] = []
 
-    def scrape_until_done() -> None:
-        try:
-            while not done.is_set():
-                samples(registry)
-        except BaseException as exc:  # reported to the test thread
-            failures.append(exc)
-
-    scraper = threading.Thread(target=scrape_until_done)
-    scraper.start()
-    try:
+    def record() -> None:
         for n in range(3_000):
             m.expect(f"plugin-{n}", ["PreCreateContainer"])
             m.record(f"plugin-{n}", "PreCreateContainer", "ok", 0.001)
-    finally:
-        done.set()
-        scraper.join()
-    assert not failures
+
+    record_while_scraping(registry, record)
     got = samples(registry)
     calls = "runtimeproxy_hooks_plugin_calls_total"
     assert sum(v for (name, _), v in got.items() if name == calls) == 3_000
