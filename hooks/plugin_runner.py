@@ -851,9 +851,12 @@ def _call_hooks(plugin: Plugin) -> list[str]:
     """The ``hook`` labels ``plugin``'s calls are counted under: its hook points and its
     lifecycle and reconcile handlers' stages."""
     hooks = [point.value for point in HookPoint if point in plugin.hook_points]
-    handlers = {_Stage.START: plugin.start_handler, _Stage.STOP: plugin.stop_handler}
-    handlers[_Stage.RECONCILE] = plugin.reconcile_handler
-    return hooks + [stage.value for stage, handler in handlers.items() if handler is not None]
+    stages = (
+        (_Stage.START, plugin.start_handler),
+        (_Stage.STOP, plugin.stop_handler),
+        (_Stage.RECONCILE, plugin.reconcile_handler),
+    )
+    return hooks + [stage.value for stage, handler in stages if handler is not None]
 
 
 def _invoke(handler: Handler, kwargs: Mapping[str, Any]) -> Any:
