@@ -34,6 +34,7 @@ from runtimeproxy.common.cli_options import (
     logging_options,
     max_message_size_option,
     metrics_address_option,
+    node_options,
 )
 from runtimeproxy.common.endpoints import DEFAULT_RUNTIME_ENDPOINT
 from runtimeproxy.common.extras import KUBERNETES, require_tools
@@ -41,7 +42,6 @@ from runtimeproxy.common.listener import AlreadyServing
 from runtimeproxy.common.logs import configure_logging
 from runtimeproxy.common.sdnotify import Watchdog, notify
 from runtimeproxy.hookapi.defaults import DEFAULT_CGROUP_ROOTS
-from runtimeproxy.kubelet_model.pod_input import node_options
 
 from .cgroups import CGROUP_ROOT, DRIVERS, CgroupDriver, CgroupFS, CgroupVersion, PodRoots, WeightConversion
 from .container_repair import CgroupWrites, ContainerRepair, RepairApplier, RepairMetrics

@@ -1,4 +1,5 @@
-"""Command-line options both daemons share (runtime-proxy serve and runtime-hooks serve)."""
+"""Command-line options the two commands share (runtime-proxy serve and runtime-hooks serve; play and
+explain)."""
 
 from __future__ import annotations
 
@@ -106,3 +107,27 @@ def logging_options(level_help: str = "") -> Callable[[_F], _F]:
         )(fn)
 
     return apply
+
+
+def node_options(command: _F) -> _F:
+    """The options of play and explain that give ``load_pod_and_node``
+    (runtimeproxy/kubelet_model/pod_input.py) what it reads besides the manifest: ``node_name``,
+    ``node_ip`` and ``configmap_files``."""
+    options = (
+        click.option(
+            "--node-name",
+            default=None,
+            help="The node's name: spec.nodeName, and the node a DaemonSet's pod is made for [default: the host name].",
+        ),
+        click.option("--node-ip", default="", help="The node's address, for status.hostIP in the environment."),
+        click.option(
+            "--configmap",
+            "configmap_files",
+            multiple=True,
+            type=click.Path(dir_okay=False),
+            help="A file with ConfigMaps the pod's volumes or variables name (repeatable).",
+        ),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command

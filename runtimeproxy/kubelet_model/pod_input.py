@@ -1,48 +1,20 @@
 """A pod manifest with what kubelet would know of its node: the ConfigMaps its volumes and
 variables name (those in the manifest's input and in ``--configmap`` files, of the pod's
 namespace), the node's name and address. What `runtime-proxy play` and `runtime-hooks explain`
-read before planning the pod, and the options that name them. The kubernetes client is imported
-only when a pod is loaded: the daemons' command lines import this module."""
+read before planning the pod (their command-line options: runtimeproxy.common.cli_options
+``node_options``). The kubernetes client is imported only when a pod is loaded."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import click
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runtimeproxy.kubelet_model.manifest import ConfigMap
     from runtimeproxy.kubelet_model.pod_plan import NodeFacts
 
-__all__ = ["load_pod_and_node", "node_options"]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def node_options(command: F) -> F:
-    """The command-line options that give :func:`load_pod_and_node` what it reads besides the
-    manifest: ``node_name``, ``node_ip`` and ``configmap_files``."""
-    options = (
-        click.option(
-            "--node-name",
-            default=None,
-            help="The node's name: spec.nodeName, and the node a DaemonSet's pod is made for [default: the host name].",
-        ),
-        click.option("--node-ip", default="", help="The node's address, for status.hostIP in the environment."),
-        click.option(
-            "--configmap",
-            "configmap_files",
-            multiple=True,
-            type=click.Path(dir_okay=False),
-            help="A file with ConfigMaps the pod's volumes or variables name (repeatable).",
-        ),
-    )
-    for option in reversed(options):
-        command = option(command)
-    return command
-
+__all__ = ["load_pod_and_node"]
 
 def load_pod_and_node(
     manifest: str, configmap_files: Sequence[str] = (), node_name: str | None = None, node_ip: str = ""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from runtimeproxy.kubelet_model.pod_input import node_options
+from runtimeproxy.common.cli_options import node_options
 
 if TYPE_CHECKING:  # the kubernetes client is slow to import: only when play runs
     from runtimeproxy.kubelet_model.manifest import ManifestError
