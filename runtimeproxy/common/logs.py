@@ -167,15 +167,22 @@ def _holding_wrapper(min_level: int) -> type[FilteringBoundLogger]:
 
 def _collected_for_holder(line: Callable[[], str | _Held]) -> bool:
     """Collect ``line()`` if this thread holds an answer, and say so. Its release writes the line:
-    no flush to arm, nor a look for the loop (a getpid(2) per line on Python 3.11). At
-    HELD_LINES_MAX lines kept, they are written now, in order."""
+    no flush to arm, nor a look for the loop (a getpid(2) per line on Python 3.11)."""
     with _lock:
         if threading.get_ident() not in _holding:
             return False
-        _pending.append(line())
-        if len(_pending) >= HELD_LINES_MAX:
-            _write_pending()
+        _keep(line())
         return True
+
+
+def _keep(line: str | _Held) -> bool:
+    """Add ``line`` to the collected ones (caller holds _lock); at HELD_LINES_MAX of them, write
+    them all now, in order, and say so."""
+    _pending.append(line)
+    if len(_pending) < HELD_LINES_MAX:
+        return False
+    _write_pending()
+    return True
 
 
 def _flush_turn(loop: asyncio.AbstractEventLoop) -> None:
@@ -269,9 +276,7 @@ class _StdoutLogger:
             self.now(message)
             return
         with _lock:
-            _pending.append(message + "\n")
-            if len(_pending) >= HELD_LINES_MAX:  # kept for another thread's answer: not more
-                _write_pending()
+            if _keep(message + "\n"):  # as many kept as may be (another thread's answer in flight)
                 return
             if loop in _armed:
                 return

@@ -195,10 +195,8 @@ class HookMetrics:
         for server in servers:
             for point in server.hooks:
                 self.calls.declare((server.name, point), HookCallOutcome)
-            if server.failure_policy == FailurePolicy.FAIL:
-                for point in server.hooks:
-                    if point.stage == "pre":
-                        self.refusal(server.name, point)
+                if server.failure_policy == FailurePolicy.FAIL and point.stage == "pre":
+                    self.refusal(server.name, point)
 
 
 class Dispatcher:

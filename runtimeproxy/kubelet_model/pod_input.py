@@ -2,19 +2,19 @@
 variables name (those in the manifest's input and in ``--configmap`` files, of the pod's
 namespace), the node's name and address. What `runtime-proxy play` and `runtime-hooks explain`
 read before planning the pod (their command-line options: runtimeproxy.common.cli_options
-``node_options``). The kubernetes client is imported only when a pod is loaded."""
+``node_options``)."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from runtimeproxy.kubelet_model.manifest import ConfigMap
-    from runtimeproxy.kubelet_model.pod_plan import NodeFacts
+from runtimeproxy.kubelet_model.manifest import ConfigMap, ManifestError, load_pod_input, parse_config_maps_text
+from runtimeproxy.kubelet_model.pod_plan import NodeFacts
 
 __all__ = ["load_pod_and_node"]
+
 
 def load_pod_and_node(
     manifest: str, configmap_files: Sequence[str] = (), node_name: str | None = None, node_ip: str = ""
@@ -22,9 +22,6 @@ def load_pod_and_node(
     """The pod, the node facts with every ConfigMap of the input and of ``configmap_files``, and
     what the pod was derived from ("" for a Pod). ``node_name`` defaults to the host name.
     ManifestError for an unreadable or invalid file."""
-    from runtimeproxy.kubelet_model.manifest import load_pod_input
-    from runtimeproxy.kubelet_model.pod_plan import NodeFacts
-
     node = node_name or socket.gethostname()
     loaded = load_pod_input(manifest, node_name=node)
     config_maps = dict(loaded.config_maps)
@@ -36,8 +33,6 @@ def load_pod_and_node(
 
 def _config_maps_in(path: str, namespace: str) -> dict[str, ConfigMap]:
     """The ConfigMaps of one ``--configmap`` file that are in the pod's namespace."""
-    from runtimeproxy.kubelet_model.manifest import ManifestError, parse_config_maps_text
-
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
